@@ -1,0 +1,26 @@
+"""pytest glue: Hypothesis profiles, and `impl` parametrized over the registry.
+
+Choose a profile with ``--hypothesis-profile dev|ci|thorough`` (default: dev, or ci when CI is set).
+A test that takes ``impl`` runs once per registered non-mutant implementation of the module's
+TECHNIQUE to which it applies; mutants are exercised by properties/test_mutants.py.
+"""
+
+import os
+
+from hypothesis import settings
+
+from harness.profiles import register_profiles
+from harness.registry import impls
+
+register_profiles()
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def pytest_generate_tests(metafunc):
+    if "impl" not in metafunc.fixturenames:
+        return
+    from harness.runner import Property
+
+    prop = Property(metafunc.function.__name__, metafunc.function, metafunc.module.__name__)
+    chosen = [i for i in impls(metafunc.module.TECHNIQUE) if prop.skip_reason(i) is None]
+    metafunc.parametrize("impl", chosen, ids=[i.name for i in chosen])

@@ -1,0 +1,10 @@
+"""A benchmark and property-testing harness for efficient LLM inference.
+
+Users run the property tests, plug in their own implementation of a technique's contract, and
+view asv dashboards.  See README.md.
+"""
+
+from harness.plugins import declare
+from harness.registry import Impl, register
+
+__all__ = ["Impl", "declare", "register"]

@@ -1,0 +1,44 @@
+"""Techniques and their contracts.
+
+A `Technique` names the call signature every implementation honours, where its properties live
+and how a plugin is written.  Each technique's module in this package adds itself to
+`TECHNIQUES` and provides the guarded call that properties use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    signature: str  # the contract, as a Python signature
+    summary: str  # one line
+    properties: str  # module holding the property tests, e.g. "properties.test_attention"
+    reference: str  # name of the registered float64 oracle ("" when the oracle is not an impl)
+
+
+TECHNIQUES: dict[str, Technique] = {}
+
+
+def define(technique: Technique) -> Technique:
+    if technique.name in TECHNIQUES:
+        raise ValueError(f"technique {technique.name!r} is defined twice")
+    TECHNIQUES[technique.name] = technique
+    return technique
+
+
+def load_techniques() -> dict[str, Technique]:
+    for info in pkgutil.iter_modules(__path__, prefix=f"{__name__}."):
+        importlib.import_module(info.name)
+    return TECHNIQUES
+
+
+def technique(name: str) -> Technique:
+    load_techniques()
+    if name not in TECHNIQUES:
+        raise KeyError(f"unknown technique {name!r}; known: {', '.join(sorted(TECHNIQUES))}")
+    return TECHNIQUES[name]

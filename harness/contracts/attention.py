@@ -1,0 +1,71 @@
+"""The attention contract.
+
+    attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> Tensor
+
+* q: (B, H, Nq, d); k, v: (B, Hkv, Nk, d) with H divisible by Hkv (MHA, GQA, MQA).
+  Query head h reads kv head h // (H // Hkv).
+* scale defaults to 1/sqrt(d).
+* causal is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (FlashAttention >= 2.1,
+  and what KV-cache decoding needs). A query row that sees no key returns zeros.
+* The output has q's shape, dtype and device. Inputs are left unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.contracts import Technique, define
+from harness.guard import check_tensor, guarded_call
+from harness.registry import Impl
+
+ATTENTION = define(
+    Technique(
+        name="attention",
+        signature="attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> Tensor",
+        summary="exact softmax(q k^T * scale) v with GQA and bottom-right causal alignment",
+        properties="properties.test_attention",
+        reference="reference",
+    )
+)
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> float:
+    """Validate the contract's inputs; return the effective scale. Raises ValueError naming the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must have 4 dims (B, heads, N, d), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ValueError(f"attention: {name} must be floating point, got {t.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    (B, H, _, d), (Bk, Hkv, _, dk) = q.shape, k.shape
+    if Bk != B:
+        raise ValueError(f"attention: k has batch {Bk} but q has batch {B}")
+    if dk != d:
+        raise ValueError(f"attention: k has head dim {dk} but q has head dim {d}")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"attention: q's {H} heads must be a multiple of k/v's {Hkv} heads")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
+    return float(scale)
+
+
+def causal_allowed(Nq: int, Nk: int, rows: slice = slice(None), cols: slice = slice(None), device=None):
+    """Bool (rows, cols) block of the bottom-right causal mask: query i may see key j iff j <= i + Nk - Nq."""
+    i = torch.arange(Nq, device=device)[rows, None]  # (Br, 1)
+    j = torch.arange(Nk, device=device)[None, cols]  # (1, Bc)
+    return j <= i + (Nk - Nq)
+
+
+def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None):
+    """Call an implementation under guard and check the promised output."""
+    out = guarded_call(impl.fn, q, k, v, causal=causal, scale=scale, arg_names=("q", "k", "v"))
+    return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)

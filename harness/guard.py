@@ -1,0 +1,106 @@
+"""Calling untrusted implementations: time limit, input-mutation check, output checks.
+
+Every property calls implementations through `guarded_call`, so a plugin that hangs, raises,
+mutates its inputs or returns NaN / the wrong shape gets a precise verdict instead of taking
+the run down.  A hang poisons the implementation: later calls fail at once, so Hypothesis can
+still shrink the failing example without waiting out the limit every time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+DEFAULT_TIMEOUT_S = 20.0
+_hung: dict[int, str] = {}  # id(fn) -> first hang message
+
+
+class ContractViolation(AssertionError):
+    """The implementation broke its contract (wrong shape/dtype, NaN, mutation, hang...)."""
+
+
+def guarded_call(
+    fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> Any:
+    """Call ``fn(*args, **kwargs)`` in a worker thread; check it returned in time and left inputs alone.
+
+    ``arg_names`` names the positional arguments in messages ("mutated its input q").
+    """
+    if id(fn) in _hung:
+        raise ContractViolation(_hung[id(fn)])
+    named = {**dict(zip(arg_names, args, strict=False)), **{f"argument {i}": a for i, a in enumerate(args)
+                                                             if i >= len(arg_names)}, **kwargs}
+    before = [(path, t.clone()) for path, t in _tensors(named)]
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            box["exc"] = exc
+
+    worker = threading.Thread(target=work, daemon=True, name=f"guarded:{getattr(fn, '__name__', fn)}")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        _hung[id(fn)] = f"hung: no result within the per-call limit of {timeout_s:g} s"
+        raise ContractViolation(_hung[id(fn)])
+    if "exc" in box:
+        exc = box["exc"]
+        raise ContractViolation(f"raised {type(exc).__name__}: {exc}") from exc
+    for (path, old), (_, new) in zip(before, _tensors(named), strict=True):
+        if not _same(old, new):
+            raise ContractViolation(f"mutated its input {path} (inputs must be left unchanged)")
+    return box["out"]
+
+
+def hang_message(fn: Callable[..., Any]) -> str | None:
+    """The recorded hang of ``fn``, if it ever exceeded the per-call limit."""
+    return _hung.get(id(fn))
+
+
+def check_tensor(
+    value: Any,
+    *,
+    what: str,
+    shape: tuple[int, ...] | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    finite: bool = True,
+) -> torch.Tensor:
+    """Raise ContractViolation unless ``value`` is a tensor of the promised shape/dtype/device, finite."""
+    if not isinstance(value, torch.Tensor):
+        raise ContractViolation(f"{what}: returned {type(value).__name__}, expected a torch.Tensor")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise ContractViolation(f"{what}: returned shape {tuple(value.shape)}, expected {tuple(shape)}")
+    if dtype is not None and value.dtype != dtype:
+        raise ContractViolation(f"{what}: returned dtype {value.dtype}, expected {dtype}")
+    if device is not None and value.device.type != torch.device(device).type:
+        raise ContractViolation(f"{what}: returned a tensor on {value.device}, expected {device}")
+    if finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        bad = (~torch.isfinite(value)).nonzero()[0].tolist()
+        raise ContractViolation(f"{what}: returned a non-finite value ({value[tuple(bad)].item()}) at {bad}")
+    return value
+
+
+def _tensors(obj: Any, path: str = "input") -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _tensors(value, f"{key!s}")
+    elif isinstance(obj, list | tuple):
+        for i, value in enumerate(obj):
+            yield from _tensors(value, f"{path}[{i}]")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
+    return bool(torch.equal(a, b))

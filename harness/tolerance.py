@@ -1,0 +1,80 @@
+"""The one tolerance table, and the earned-tolerance check that uses it.
+
+An exact technique's output in dtype T is compared with the float64 truth computed from the
+same (already rounded) inputs.  The allowed error is *earned*, as in FlashAttention's tests:
+
+    max|out - truth|  <=  k * max|plain - truth|  +  floor * max(1, max|truth|)
+
+where ``plain`` is the straightforward computation carried out in T itself -- in a few
+mathematically identical operation orders, taking the largest error, because one order's error is
+a single random draw (its ratio to a kernel's error exceeded 2 in ~10% of large-logit cases) while
+the maximum over three is a stable measure of what rounding in T costs.  The bound follows
+dtype, size and input scale by itself; a wrong mask or a missing rescale misses it by orders of
+magnitude.  ``k`` comes from FlashAttention (2 forward, 3 gradients); ``floor`` is a few units in
+the last place of T, so that a plain computation that happens to be exact does not demand
+bit-exactness from a differently ordered one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tol:
+    k: float  # multiple of the plain computation's error that an implementation may spend
+    floor: float  # absolute floor, relative to max(1, max|truth|)
+
+
+EPS = {dt: torch.finfo(dt).eps for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
+
+# (kind, dtype) -> Tol.  "forward": outputs of exact kernels; "grad": gradients (longer chains).
+TOLERANCES: dict[tuple[str, torch.dtype], Tol] = {
+    **{("forward", dt): Tol(k=2.0, floor=16 * eps) for dt, eps in EPS.items()},
+    **{("grad", dt): Tol(k=3.0, floor=64 * eps) for dt, eps in EPS.items()},
+    # Logits of 1e3-1e4: each score carries a rounding error of |s| * eps ~ 1e-4 (float32) that
+    # exp() turns into an output error of the same size -- a fresh random draw for every operation
+    # order.  Kernel/plain ratios up to 2.45 were found here by Hypothesis with three plain orders;
+    # an overflowing or unshifted softmax is off by O(1), four orders of magnitude above this bound.
+    **{("large_logits", dt): Tol(k=4.0, floor=16 * eps) for dt, eps in EPS.items()},
+}
+# Relations that hold exactly in real arithmetic, checked in float64 (merge laws, transforms).
+FLOAT64_IDENTITY = 1e-12
+
+
+def dtype_of(name: str) -> torch.dtype:
+    return {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16}[name]
+
+
+def plain_error(truth: torch.Tensor, plains: list[torch.Tensor]) -> float:
+    return max((p.double() - truth).abs().max().item() for p in plains) if truth.numel() else 0.0
+
+
+def earned_bound(truth: torch.Tensor, plains: list[torch.Tensor], dtype: torch.dtype, kind: str = "forward") -> float:
+    """The error an implementation in ``dtype`` may make against ``truth`` (float64)."""
+    tol = TOLERANCES[(kind, dtype)]
+    plain_err = plain_error(truth, plains)
+    scale = max(1.0, truth.abs().max().item()) if truth.numel() else 1.0
+    return tol.k * plain_err + tol.floor * scale
+
+
+def assert_earned(
+    out: torch.Tensor, truth: torch.Tensor, plains: list[torch.Tensor], dtype: torch.dtype, *, what: str,
+    kind: str = "forward",
+) -> None:
+    """Assert ``out`` is as close to ``truth`` as the earned bound allows; the message says by how much."""
+    bound = earned_bound(truth, plains, dtype, kind)
+    diff = (out.double() - truth).abs()
+    err = diff.max().item() if diff.numel() else 0.0
+    if not err <= bound:  # also catches NaN
+        flat = int(diff.nan_to_num(float("inf")).argmax())
+        where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+        plain_err = plain_error(truth, plains)
+        raise AssertionError(
+            f"{what}: max error {err:.3g} at {where} exceeds the earned bound {bound:.3g} "
+            f"(= {TOLERANCES[(kind, dtype)].k:g} x plain {dtype} error {plain_err:.3g} + floor); "
+            f"got {out.reshape(-1)[flat].item():.6g}, truth {truth.reshape(-1)[flat].item():.6g}"
+        )

@@ -1,0 +1,1 @@
+"""Implementations, one file each, grouped by technique. Importing a module registers it."""

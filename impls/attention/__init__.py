@@ -1,0 +1,1 @@
+"""Attention implementations (contract: harness/contracts/attention.py)."""

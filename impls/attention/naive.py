@@ -1,0 +1,26 @@
+"""Naive three-pass attention: S = q k^T, P = safe softmax(S), O = P v, all in the input dtype.
+
+Materializes the (Nq, Nk) score matrix -- the standard attention whose HBM traffic FlashAttention
+avoids.  Invariant: the row max is subtracted before exp (safe softmax), so large logits do not
+overflow.  Dao et al. 2022, "FlashAttention", Algorithm 0.
+"""
+
+import torch
+
+from harness.contracts.attention import causal_allowed, check_inputs
+from harness.registry import register
+
+
+@register("attention", "naive", devices=("cpu", "cuda"), cite="Dao et al. 2022, Algorithm 0")
+def naive_attention(q, k, v, *, causal=False, scale=None):
+    scale = check_inputs(q, k, v, scale)
+    (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
+    qg = q.reshape(B, Hkv, H // Hkv, Nq, d)  # (B, Hkv, G, Nq, d)
+    s = qg @ k[:, :, None].transpose(-1, -2) * scale  # pass 1: (B, Hkv, G, Nq, Nk)
+    if causal:
+        s = s.masked_fill(~causal_allowed(Nq, Nk, device=q.device), float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # pass 2: safe softmax
+    p = torch.exp(s - torch.where(torch.isfinite(m), m, 0))
+    l = p.sum(dim=-1, keepdim=True)  # noqa: E741
+    p = p / torch.where(l > 0, l, 1)
+    return (p @ v[:, :, None]).reshape(B, H, Nq, d)  # pass 3: (B, H, Nq, d)

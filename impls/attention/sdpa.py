@@ -1,0 +1,23 @@
+"""torch.nn.functional.scaled_dot_product_attention behind the attention contract.
+
+SDPA's own is_causal is aligned top-left, so when Nq != Nk an explicit bottom-right mask is
+passed; query rows that see no key (Nq > Nk) are zeroed as the contract requires (SDPA leaves
+them NaN or undefined).  The baseline every tiled implementation is measured against.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from harness.contracts.attention import causal_allowed, check_inputs
+from harness.registry import register
+
+
+@register("attention", "sdpa", devices=("cpu", "cuda"), cite="PyTorch scaled_dot_product_attention")
+def sdpa_attention(q, k, v, *, causal=False, scale=None):
+    scale = check_inputs(q, k, v, scale)
+    (Nq, H), (Nk, Hkv) = (q.shape[2], q.shape[1]), (k.shape[2], k.shape[1])
+    if not causal or Nq == Nk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=H != Hkv)
+    allowed = causal_allowed(Nq, Nk, device=q.device)  # (Nq, Nk) bottom-right
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=H != Hkv)
+    return torch.where(allowed.any(dim=-1)[:, None], out, 0)  # rows with no visible key -> 0

@@ -1,0 +1,1 @@
+"""Hypothesis property tests, one module per technique; also run by `python -m harness check`."""

@@ -1,0 +1,178 @@
+"""Properties of exact attention (contract: harness/contracts/attention.py).
+
+Every test taking ``impl`` runs against each registered implementation (pytest, via conftest) and
+backs a column of ``python -m harness check attention``.  The merge laws at the end test the
+(m, l, o) merge that all tiled kernels share.
+"""
+
+import itertools
+
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from harness.contracts.attention import call
+from harness.devices import available, unavailable_reason
+from harness.guard import ContractViolation, guarded_call
+from harness.references import attention64, attention_plain
+from harness.runner import applies, needs_dtype
+from harness.strategies import attention_cases, score_blocks
+from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound
+from impls.attention.merge import Partial, finalize, identity, merge, partial
+
+TECHNIQUE = "attention"
+HIGH_PRECISION = ("float32", "float64")
+
+
+def draw_case(data, impl, **kw):
+    return data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), **kw), label="case")
+
+
+def truth_and_plain(case, q, k, v):
+    return (attention64(q, k, v, causal=case.causal, scale=case.scale),
+            attention_plain(q, k, v, causal=case.causal, scale=case.scale))
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_matches_reference(impl, data):
+    """Output equals the float64 reference within the earned tolerance of its dtype."""
+    case = draw_case(data, impl)
+    q, k, v = case.tensors()
+    out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
+    truth, plain = truth_and_plain(case, q, k, v)
+    assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
+
+
+@applies(unavailable_reason)
+@needs_dtype(*HIGH_PRECISION)
+@given(data=st.data())
+def test_large_logits_stay_finite_and_correct(impl, data):
+    """Scores of magnitude 1e3-1e4 (q scaled up) must not overflow: the max is subtracted first."""
+    dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
+    case = data.draw(attention_cases(dtypes=dtypes, devices=available(impl.devices), max_len=130,
+                                     magnitude=st.floats(1e3, 1e4)), label="case")
+    q, k, v = case.tensors()
+    out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
+    truth, plain = truth_and_plain(case, q, k, v)
+    assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} at logits ~{case.magnitude:.0f}",
+                  kind="large_logits")
+
+
+@applies(unavailable_reason)
+def test_seed_example_1000_999_998_10(impl):
+    """The seeds' example: one query whose scores are [1000, 999, 998, 10]; naive exp overflows."""
+    dtype = dtype_of("float32" if "float32" in impl.dtypes else impl.dtypes[0])
+    q = torch.ones(1, 1, 1, 1, dtype=dtype)
+    k = torch.tensor([1000.0, 999.0, 998.0, 10.0], dtype=dtype).reshape(1, 1, 4, 1)  # (B, Hkv, Nk, d)
+    v = torch.arange(4, dtype=dtype).reshape(1, 1, 4, 1)
+    out = call(impl, q, k, v, causal=False, scale=1.0)
+    assert_earned(out, attention64(q, k, v, scale=1.0), attention_plain(q, k, v, scale=1.0), dtype,
+                  what=f"{impl.name} on scores [1000, 999, 998, 10]")
+
+
+@applies(unavailable_reason)
+@given(data=st.data(), perm_seed=st.integers(0, 2**31 - 1))
+def test_key_value_permutation_invariance(impl, data, perm_seed):
+    """Without a causal mask, permuting keys and values jointly leaves the output unchanged."""
+    case = draw_case(data, impl, causal=False)
+    q, k, v = case.tensors()
+    perm = torch.randperm(case.Nk, generator=torch.Generator().manual_seed(perm_seed)).to(q.device)
+    out = call(impl, q, k, v, causal=False, scale=case.scale)
+    out_perm = call(impl, q, k[:, :, perm], v[:, :, perm], causal=False, scale=case.scale)
+    truth, plain = truth_and_plain(case, q, k, v)
+    bound = 2 * earned_bound(truth, plain, dtype_of(case.dtype))  # both within one bound of the truth
+    err = (out.double() - out_perm.double()).abs().max().item()
+    assert err <= bound, f"{impl.name}: permuting keys/values changed the output by {err:.3g} > {bound:.3g}"
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_rows_are_convex_combinations_of_values(impl, data):
+    """Each output row lies in the box spanned by the value rows its query can see."""
+    case = draw_case(data, impl)
+    q, k, v = case.tensors()
+    out = call(impl, q, k, v, causal=case.causal, scale=case.scale).double()  # (B, H, Nq, d)
+    truth, plain = truth_and_plain(case, q, k, v)
+    slack = earned_bound(truth, plain, dtype_of(case.dtype))
+    G = case.H // case.Hkv
+    vv = v.double().repeat_interleave(G, dim=1)[:, :, None]  # (B, H, 1, Nk, d)
+    seen = torch.ones(case.Nq, case.Nk, dtype=torch.bool, device=q.device)
+    if case.causal:
+        seen = torch.arange(case.Nk)[None, :] <= torch.arange(case.Nq)[:, None] + case.Nk - case.Nq
+    seen = seen[None, None, :, :, None]  # (1, 1, Nq, Nk, 1)
+    lo = torch.where(seen, vv, float("inf")).amin(dim=3)  # (B, H, Nq, d)
+    hi = torch.where(seen, vv, float("-inf")).amax(dim=3)
+    visible = seen.any(dim=3)
+    inside = ((out >= lo - slack) & (out <= hi + slack)) | ~visible
+    assert bool(inside.all()), (f"{impl.name}: output leaves the convex hull of the visible values at "
+                                f"{(~inside).nonzero()[0].tolist()} (slack {slack:.3g})")
+
+
+BAD_INPUTS = {
+    "heads not divisible": ((1, 3, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
+    "head dim mismatch": ((1, 2, 4, 8), (1, 2, 4, 7), (1, 2, 4, 7)),
+    "q not 4-d": ((2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
+    "k/v shape mismatch": ((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 5, 8)),
+    "batch mismatch": ((2, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
+}
+
+
+@applies(unavailable_reason)
+def test_rejects_bad_input(impl):
+    """Shapes that break the contract raise ValueError/TypeError naming the argument, never a silent answer."""
+    for name in sorted(BAD_INPUTS):
+        q, k, v = (torch.randn(*shape, dtype=dtype_of(impl.dtypes[0])) for shape in BAD_INPUTS[name])
+        try:
+            guarded_call(impl.fn, q, k, v, causal=False, scale=None, arg_names=("q", "k", "v"))
+        except ContractViolation as exc:
+            cause = exc.__cause__
+            assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
+            assert any(arg in str(cause) for arg in ("q", "k", "v")), f"{impl.name} ({name}): '{cause}' names no argument"
+        else:
+            raise AssertionError(f"{impl.name} accepted bad input ({name}) and returned a result instead of raising")
+
+
+# ---------------------------------------------------------------------------------------------
+# the (m, l, o) merge
+def _parts(s, v, cuts):
+    return [partial(s[:, a:b], v[a:b]) for a, b in itertools.pairwise(cuts)]
+
+
+def _close(a: Partial, b: Partial) -> None:
+    for x, y, what in zip(a, b, ("m", "l", "acc"), strict=True):
+        assert torch.equal(x.isinf(), y.isinf()), f"merge: {what} differs in which entries are infinite"
+        err = (x.nan_to_num(0, 0, 0) - y.nan_to_num(0, 0, 0)).abs().max().item()
+        assert err <= FLOAT64_IDENTITY * max(1.0, y.nan_to_num(0, 0, 0).abs().max().item()), f"merge: {what} off by {err}"
+
+
+@given(blocks=score_blocks())
+def test_merge_is_associative_and_commutative(blocks):
+    s, v, cuts = blocks
+    a, b, c = (_parts(s, v, cuts) + [identity(s.shape[:-1], v.shape[-1])] * 3)[:3]
+    _close(merge(merge(a, b), c), merge(a, merge(b, c)))
+    _close(merge(a, b), merge(b, a))
+
+
+@given(blocks=score_blocks())
+def test_merge_identity(blocks):
+    s, v, _ = blocks
+    p = partial(s, v)
+    _close(merge(p, identity(s.shape[:-1], v.shape[-1])), p)
+    _close(merge(identity(s.shape[:-1], v.shape[-1]), p), p)
+
+
+@given(blocks=score_blocks(), order_seed=st.integers(0, 2**31 - 1))
+@example(blocks=(torch.tensor([[1000.0, 999.0, 998.0, 10.0]], dtype=torch.float64),
+                 torch.eye(4, dtype=torch.float64), [0, 1, 3, 4]), order_seed=0)
+def test_blockwise_merge_in_any_order_is_softmax(blocks, order_seed):
+    """Merging per-block partials in a random order and finalizing gives softmax(s) v."""
+    s, v, cuts = blocks
+    parts = _parts(s, v, cuts)
+    order = torch.randperm(len(parts), generator=torch.Generator().manual_seed(order_seed)).tolist()
+    total = identity(s.shape[:-1], v.shape[-1])
+    for i in order:
+        total = merge(total, parts[i])
+    expected = torch.softmax(s, dim=-1).nan_to_num(0.0) @ v  # fully masked rows -> 0, per the contract
+    err = (finalize(total) - expected).abs().max().item()
+    assert err <= FLOAT64_IDENTITY, f"blockwise merge in order {order} is off softmax(s) v by {err:.3g}"

@@ -1,0 +1,26 @@
+"""Every registered mutant must be killed, and by the property its bug declares.
+
+Runs the same property functions the CLI runs, through harness.runner, so `pytest` and
+`python -m harness mutants` agree.
+"""
+
+import pytest
+
+from harness.contracts import load_techniques
+from harness.registry import impls
+from harness.runner import kill_mutant, properties_of
+
+MUTANTS = [m for t in sorted(load_techniques()) for m in impls(t, mutants=True)]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[f"{m.technique}:{m.name}" for m in MUTANTS])
+def test_mutant_is_killed_for_the_right_reason(mutant):
+    assert mutant.killed_by, f"mutant {mutant.name} declares no killed_by property"
+    props = properties_of(mutant.technique)
+    unknown = set(mutant.killed_by) - {p.name for p in props}
+    assert not unknown, f"mutant {mutant.name} names unknown properties {sorted(unknown)}"
+    verdicts = kill_mutant(mutant, props, profile="(pytest)", all_properties=False)
+    killers = [v.property for v in verdicts if v.status == "FAIL"]
+    assert set(killers) & set(mutant.killed_by), (
+        f"mutant {mutant.name} ({mutant.bug}) survived its declared killers {mutant.killed_by}; "
+        f"killed by: {killers or 'nothing'}")
