@@ -42,7 +42,8 @@ def buggy_attention(q, k, v, *, causal=False, scale=None, bug: str, Br=32, Bc=32
             p = torch.exp(s - m_safe[..., None])
             if bug == "cheating_softmax":  # normalize inside the block, average over blocks
                 lb = p.sum(-1, keepdim=True)
-                acc, blocks = acc + torch.where(lb > 0, p / torch.where(lb > 0, lb, 1), 0) @ vg[..., j0:j1, :], blocks + 1
+                acc = acc + torch.where(lb > 0, p / torch.where(lb > 0, lb, 1), 0) @ vg[..., j0:j1, :]
+                blocks += 1
                 l = torch.full_like(l, float(blocks))  # noqa: E741
                 continue
             alpha = torch.ones_like(m) if bug == "missing_rescale" else torch.exp(m - m_safe)

@@ -1,0 +1,70 @@
+"""Attention forward: time and achieved GFLOP/s for every registered implementation.
+
+The oracle (float64 by construction) is left out of the timing grid.
+"""
+
+import torch
+
+from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl, sync
+
+IMPLS = [n for n in impl_names("attention") if n != "reference"]
+SHAPES = ["1x8x512x64", "1x8x2048x64"]  # B x H x N x d
+
+
+class AttentionForward:
+    params = [IMPLS, DEVICES, SHAPES, [False, True]]
+    param_names = ["impl", "device", "shape", "causal"]
+    timeout = 300
+
+    def setup(self, impl, device, shape, causal):
+        self.device = resolve_device(device)
+        self.fn = resolve_impl("attention", impl, self.device).fn
+        B, H, N, d = map(int, shape.split("x"))
+        g = torch.Generator().manual_seed(0)
+        self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g).to(self.device) for _ in range(3))
+        self.causal = causal
+        self.flops = 4 * B * H * N * N * d * (0.5 if causal else 1.0)  # two matmuls; causal halves the work
+
+    def time_forward(self, impl, device, shape, causal):
+        self.fn(self.q, self.k, self.v, causal=self.causal)
+        sync(self.device)
+
+    def track_gflops(self, impl, device, shape, causal):
+        """Achieved GFLOP/s (higher is better), median of a few calls timed in one process."""
+        import torch.utils.benchmark as tb
+
+        timer = tb.Timer("fn(q, k, v, causal=c); sync(dev)", globals={
+            "fn": self.fn, "q": self.q, "k": self.k, "v": self.v, "c": self.causal, "sync": sync, "dev": self.device})
+        return self.flops / timer.blocked_autorange(min_run_time=0.5).median / 1e9
+
+    track_gflops.unit = "GFLOP/s"
+
+
+class SdpaRatio:
+    """Best tiled implementation / SDPA, measured in one process (B=1, H=8, N=2048, d=64, causal, fp32)."""
+
+    params = [DEVICES]
+    param_names = ["device"]
+    timeout = 600
+
+    def setup(self, device):
+        self.device = resolve_device(device)
+        g = torch.Generator().manual_seed(0)
+        self.qkv = [torch.randn(1, 8, 2048, 64, generator=g).to(self.device) for _ in range(3)]
+        self.tiled = [resolve_impl("attention", n, self.device).fn for n in IMPLS
+                      if resolve_impl("attention", n, self.device).cap("tiled")]
+        self.sdpa = resolve_impl("attention", "sdpa", self.device).fn
+
+    def _median(self, fn) -> float:
+        import torch.utils.benchmark as tb
+
+        q, k, v = self.qkv
+        timer = tb.Timer("fn(q, k, v, causal=True); sync(dev)", globals={
+            "fn": fn, "q": q, "k": k, "v": v, "sync": sync, "dev": self.device})
+        return timer.blocked_autorange(min_run_time=1.0).median
+
+    def track_best_tiled_over_sdpa(self, device):
+        """Lower is better: 1.0 means the best tiled kernel matches SDPA."""
+        return min(self._median(f) for f in self.tiled) / self._median(self.sdpa)
+
+    track_best_tiled_over_sdpa.unit = "ratio"

@@ -1,0 +1,42 @@
+"""Shared by the asv benchmark files: device resolution and CUDA-synchronized timing.
+
+Benchmark files import only this and the harness; building tensors happens in ``setup`` (asv's
+forkserver deadlocks children when torch computes at import time).
+"""
+
+import torch
+
+DEVICES = ["cpu", "cuda"]  # the same grid on every machine; cuda raises NotImplementedError where absent
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NotImplementedError("no CUDA device on this machine")
+    return torch.device(device)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def impl_names(technique: str) -> list[str]:
+    """Every registered non-mutant implementation (plugins included): the benchmark grid follows the registry."""
+    try:
+        from harness.registry import impls
+    except ImportError:  # an older commit without the harness: asv skips, nothing crashes
+        return []
+    return [i.name for i in impls(technique)]
+
+
+def resolve_impl(technique: str, name: str, device: torch.device, dtype: str = "float32"):
+    """The implementation's function, or NotImplementedError (asv prints n/a) if it cannot run here."""
+    from harness.registry import REGISTRY, load_all
+
+    load_all()
+    impl = REGISTRY.get((technique, name))
+    if impl is None:
+        raise NotImplementedError(f"{name} is not registered at this commit")
+    if device.type not in impl.devices or dtype not in impl.dtypes:
+        raise NotImplementedError(f"{name} declares devices {impl.devices} and dtypes {impl.dtypes}")
+    return impl

@@ -1,0 +1,41 @@
+"""The main job's quick benchmark pass: asv ``--quick`` on the installed code, then ``asv publish``.
+
+Results land in results/<machine>/ under the current commit and the dashboard in results/html.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_quick(bench: str | None = None) -> int:
+    if not (ROOT / "asv.conf.json").is_file():
+        print("quick benchmarks: asv.conf.json not found (run from a checkout of the repository)")
+        return 1
+    if shutil.which("asv") is None and not _has_module("asv"):
+        print("quick benchmarks: asv is not installed; pip install -e '.[bench]'")
+        return 1
+    asv = [sys.executable, "-m", "asv"]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not (Path.home() / ".asv-machine.json").exists():
+        subprocess.run([*asv, "machine", "--yes"], cwd=ROOT, check=False)
+    cmd = [*asv, "run", "--quick", "--python=same", "--show-stderr", "--launch-method", "forkserver"]
+    if commit:
+        cmd += ["--set-commit-hash", commit]
+    if bench:
+        cmd += ["--bench", bench]
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    subprocess.run([*asv, "publish"], cwd=ROOT, check=False)
+    print(f"dashboard: {ROOT / 'results' / 'html' / 'index.html'}  (view: python -m asv preview)")
+    return rc
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
