@@ -109,7 +109,8 @@ def cmd_mutants(args) -> int:
     for t in techniques:
         props = properties_of(t)
         for m in impls(t, mutants=True):
-            got = _isolated(m, props, lambda m=m, ps=props: kill_mutant(m, ps, profile=args.profile, all_properties=True))
+            job = lambda m=m, ps=props: kill_mutant(m, ps, profile=args.profile, all_properties=True)
+            got = _isolated(m, props, job)
             verdicts += got
             killers = [v.property for v in got if v.status == "FAIL"]
             right = sorted(set(killers) & set(m.killed_by))

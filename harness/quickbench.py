@@ -1,4 +1,4 @@
-"""The main job's quick benchmark pass: asv ``--quick`` on the installed code, then ``asv publish``.
+"""The main job's quick benchmark pass: asv ``--quick`` on the installed code, then the offline dashboard.
 
 Results land in results/<machine>/ under the current commit and the dashboard in results/html.
 """
@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from harness.dashboard import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,8 +32,8 @@ def run_quick(bench: str | None = None) -> int:
     if bench:
         cmd += ["--bench", bench]
     rc = subprocess.run(cmd, cwd=ROOT).returncode
-    subprocess.run([*asv, "publish"], cwd=ROOT, check=False)
-    print(f"dashboard: {ROOT / 'results' / 'html' / 'index.html'}  (view: python -m asv preview)")
+    publish()
+    print(f"dashboard: {ROOT / 'results' / 'html' / 'index.html'}  (view: python -m harness.dashboard --serve)")
     return rc
 
 

@@ -89,3 +89,22 @@ def score_blocks(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, list[int]
     s[torch.rand(N, J, generator=g, dtype=torch.float64) < draw(st.sampled_from([0.0, 0.3, 1.0]))] = float("-inf")
     cuts = sorted(draw(st.sets(st.integers(1, J - 1), max_size=min(5, J - 1)))) if J > 1 else []
     return s, torch.randn(J, d, generator=g, dtype=torch.float64), [0, *cuts, J]
+
+
+# ---------------------------------------------------------------------------------------------
+# attention_backward
+def output_grad(case: AttentionCase) -> torch.Tensor:
+    """dO for a backward case, in q's shape/dtype/device: a fixed function of the case's seed, so a
+    printed counterexample regenerates it."""
+    g = generator(case.seed ^ 0x5EED)
+    do = torch.randn(case.B, case.H, case.Nq, case.d, generator=g, dtype=torch.float64)
+    return do.to(dtype_of(case.dtype)).to(case.device)
+
+
+@st.composite
+def fully_masked_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
+                       max_len: int = 120) -> AttentionCase:
+    """Causal cases with Nq > Nk: the first Nq - Nk query rows see no key at all."""
+    case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=max_len - 1, causal=True))
+    extra = draw(st.integers(1, max_len - case.Nk))
+    return AttentionCase(**{**case.__dict__, "Nq": case.Nk + extra})

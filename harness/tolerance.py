@@ -42,6 +42,9 @@ TOLERANCES: dict[tuple[str, torch.dtype], Tol] = {
 }
 # Relations that hold exactly in real arithmetic, checked in float64 (merge laws, transforms).
 FLOAT64_IDENTITY = 1e-12
+# speculative decoding: how far a probability vector handed to a sampler may sum from one.  A float64
+# softmax of float32 logits is off by ~1e-16 per row; a table that forgot to normalize is off by >= 1e-3.
+PROBABILITY_SUM = 1e-9
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -1,0 +1,66 @@
+"""The attention backward contract.
+
+    attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None)
+        -> (dq, dk, dv)
+
+* q, k, v, causal, scale: exactly as in the forward contract (harness/contracts/attention.py):
+  q (B, H, Nq, d); k, v (B, Hkv, Nk, d), query head h reads kv head h // (H // Hkv); bottom-right
+  causal alignment; scale defaults to 1/sqrt(d).
+* o (B, H, Nq, d): the forward output, q's dtype.  do (B, H, Nq, d): the gradient of the loss w.r.t. o.
+* lse (B, H, Nq): per-row logsumexp of the scaled, masked scores, L_i = log sum_j e^(scale q_i.k_j),
+  in float32 or float64; a row that sees no key has L_i = -inf (and o_i = 0).
+* Returns dq, dk, dv with the shapes, dtype and device of q, k, v.  The gradient of a kv head shared
+  by G query heads is the sum over those heads.  A row that sees no key contributes nothing: its dq
+  row is 0.  Inputs are left unchanged.
+
+Forward implementations (technique "attention") that can also return L declare
+``caps={"returns_lse": True}`` and accept a keyword ``return_lse=True``, with which they return
+``(o, lse)`` instead of ``o``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.contracts import Technique, define
+from harness.contracts.attention import check_inputs
+from harness.guard import ContractViolation, check_tensor, guarded_call
+from harness.registry import Impl
+
+ATTENTION_BACKWARD = define(
+    Technique(
+        name="attention_backward",
+        signature="attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None)"
+                  " -> (dq, dk, dv)",
+        summary="gradients dq, dk, dv of exact attention from (q, k, v, o, lse, dO)",
+        properties="properties.test_attention_backward",
+        reference="reference",
+    )
+)
+
+
+def check_backward_inputs(q, k, v, o, lse, do, scale: float | None = None) -> float:
+    """Validate the contract's inputs; return the effective scale. Raises ValueError naming the argument."""
+    scale = check_inputs(q, k, v, scale)
+    for name, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention_backward: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.shape != q.shape or t.dtype != q.dtype:
+            raise ValueError(f"attention_backward: {name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
+                             f"got {tuple(t.shape)} {t.dtype}")
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"attention_backward: lse must be a torch.Tensor, got {type(lse).__name__}")
+    if lse.shape != q.shape[:-1] or lse.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"attention_backward: lse must be float32/float64 of shape {tuple(q.shape[:-1])} (B, H, Nq), "
+                         f"got {tuple(lse.shape)} {lse.dtype}")
+    return scale
+
+
+def call(impl: Impl, q, k, v, o, lse, do, *, causal: bool, scale: float | None):
+    """Call an implementation under guard and check the three promised gradients."""
+    out = guarded_call(impl.fn, q, k, v, o, lse, do, causal=causal, scale=scale,
+                       arg_names=("q", "k", "v", "o", "lse", "do"))
+    if not (isinstance(out, tuple | list) and len(out) == 3):
+        raise ContractViolation(f"{impl.name}: returned {type(out).__name__}, expected a tuple (dq, dk, dv)")
+    return tuple(check_tensor(g, what=f"{impl.name} {name}", shape=tuple(x.shape), dtype=x.dtype, device=x.device)
+                 for g, name, x in zip(out, ("dq", "dk", "dv"), (q, k, v), strict=True))

@@ -1,0 +1,128 @@
+"""The block-manager contract: PagedAttention's memory manager (Kwon et al. 2023, "vLLM", Sec. 4.2-4.5).
+
+A registered implementation is a factory (usually the class itself):
+
+    make(num_blocks: int, block_size: int, storage: KVStorage, *, num_cpu_blocks: int = 0) -> manager
+
+The manager keeps, for every sequence, a block table mapping logical block i (tokens
+i*block_size .. (i+1)*block_size - 1) to a physical block of a GPU pool of ``num_blocks`` blocks:
+
+    allocate(seq_id, tokens) -> int   new sequence holding ``tokens``; its leading full blocks are taken
+                                       from the prefix cache where present; returns how many leading
+                                       tokens were served from the cache (a multiple of block_size)
+    append(seq_id, token)             one more token; a block is allocated when the token crosses a block
+                                       boundary; a shared last block is copied before the write (copy-on-write)
+    fork(parent_id, child_id)         the child shares every block of the parent (reference counts go up)
+    free(seq_id)                      reference counts go down; blocks at zero return to the free pool
+                                       (preemption by recompute = free, then allocate again later)
+    lookup_prefix(tokens) -> int      how many leading tokens a new sequence with these tokens would find
+                                       cached now (a multiple of block_size); changes nothing
+    swap_out(seq_id) / swap_in(seq_id)  preemption by swap: move the blocks to the CPU pool and back
+    block_table(seq_id) -> list[int]  physical blocks (in the CPU pool while swapped out)
+    is_swapped(seq_id) -> bool; num_tokens(seq_id) -> int
+    ref_count(block) -> int           number of block-table entries of GPU-resident sequences pointing at it
+    num_free_blocks() -> int; num_free_cpu_blocks() -> int
+
+Prefix caching: a *full* block is identified by a hash of its tokens chained with the hash of the
+block before it, so equal hashes mean equal whole prefixes.  The cache holds no reference: a cached
+block whose count drops to zero is free (it counts in num_free_blocks) but keeps its contents
+until it is evicted, least recently used first, to make room.
+
+Data moves only through the ``storage`` the caller passes (the caller plays the model):
+``storage.write(block, offset, seq_id, position)`` computes the KV of token ``position`` of sequence
+``seq_id`` into a GPU slot, ``storage.copy(src, dst)`` copies a GPU block, ``storage.swap_out(gpu, cpu)``
+and ``storage.swap_in(cpu, gpu)`` move a block between the pools.  The manager must write exactly
+the tokens it did not take from the cache, and never into a block whose count exceeds one.
+
+Running out of blocks (GPU pool on allocate/append/swap_in, CPU pool on swap_out) raises
+`OutOfBlocks` and leaves the manager exactly as it was.  Bad arguments raise ValueError/KeyError
+naming the argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from harness.contracts import Technique, define
+from harness.guard import ContractViolation
+from harness.registry import Impl
+
+BLOCK_MANAGER = define(
+    Technique(
+        name="block_manager",
+        signature="make(num_blocks, block_size, storage, *, num_cpu_blocks=0) -> manager "
+                  "(allocate, append, fork, free, lookup_prefix, swap_out, swap_in, block_table, ref_count, ...)",
+        summary="paged KV-cache bookkeeping: block tables, ref counts, copy-on-write, prefix cache, swap",
+        properties="properties.test_block_manager",
+        reference="",
+    )
+)
+
+METHODS = ("allocate", "append", "fork", "free", "lookup_prefix", "swap_out", "swap_in", "block_table",
+           "is_swapped", "num_tokens", "ref_count", "num_free_blocks", "num_free_cpu_blocks")
+
+
+class OutOfBlocks(Exception):  # noqa: N818 - the contract's name for a declared outcome, not an error
+    """The pool has too few free blocks for the request; the manager's state is unchanged."""
+
+
+class KVStorage(Protocol):
+    def write(self, block: int, offset: int, seq_id: int, position: int) -> None: ...
+    def copy(self, src: int, dst: int) -> None: ...
+    def swap_out(self, gpu_block: int, cpu_block: int) -> None: ...
+    def swap_in(self, cpu_block: int, gpu_block: int) -> None: ...
+
+
+class NullStorage:
+    """Storage that keeps nothing: for bookkeeping-only runs (the serving simulator)."""
+
+    def write(self, block, offset, seq_id, position):
+        pass
+
+    def copy(self, src, dst):
+        pass
+
+    def swap_out(self, gpu_block, cpu_block):
+        pass
+
+    def swap_in(self, cpu_block, gpu_block):
+        pass
+
+
+class CountingStorage(NullStorage):
+    """Counts writes and records every copy-on-write (src, dst): what the worked examples report."""
+
+    def __init__(self) -> None:
+        self.writes, self.copies = 0, []
+
+    def write(self, block, offset, seq_id, position):
+        self.writes += 1
+
+    def copy(self, src, dst):
+        self.copies.append((src, dst))
+
+
+def check_geometry(num_blocks: Any, block_size: Any, num_cpu_blocks: Any) -> None:
+    """Validate the factory's arguments; raises ValueError naming the argument."""
+    for name, value, low in (("num_blocks", num_blocks, 0), ("block_size", block_size, 1),
+                             ("num_cpu_blocks", num_cpu_blocks, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"block manager: {name} must be an int >= {low}, got {value!r}")
+
+
+def check_tokens(tokens: Any) -> list[int]:
+    if not isinstance(tokens, list | tuple) or not tokens or not all(isinstance(t, int) for t in tokens):
+        raise ValueError(f"block manager: tokens must be a non-empty list of ints, got {tokens!r}")
+    return list(tokens)
+
+
+def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, num_cpu_blocks: int = 0):
+    """Build a manager from an implementation and check it offers every method of the contract."""
+    try:
+        manager = impl.fn(num_blocks, block_size, storage, num_cpu_blocks=num_cpu_blocks)
+    except Exception as exc:
+        raise ContractViolation(f"{impl.name}: the factory raised {type(exc).__name__}: {exc}") from exc
+    missing = [m for m in METHODS if not callable(getattr(manager, m, None))]
+    if missing:
+        raise ContractViolation(f"{impl.name}: the manager lacks the contract's method(s) {missing}")
+    return manager

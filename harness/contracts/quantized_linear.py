@@ -1,0 +1,85 @@
+"""The quantized linear layer contract.
+
+    quantized_linear(x, w, *, bits: int = 8, calib: Tensor | None = None) -> Tensor
+
+* x: (..., in) activations, w: (out, in) weight (no bias: add it outside, in floating point).
+  bits in 2..8 for the weight and, where quantized, the activations.  calib: (n, in) calibration
+  activations for schemes with statistics (SmoothQuant); None means x itself.
+* Returns approximately x @ w.T, shape (..., out), x's dtype and device.  Inputs are left unchanged.
+* The scheme is declared in ``caps`` and fixes the result up to float rounding:
+    weight: "tensor" | "channel" | "group" (+ group_size): symmetric absmax scales of w
+    act: None (weight only) | "tensor" | "token": absmax scales of x computed at run time
+    outlier_threshold: LLM.int8(): the input columns with some |x| > threshold stay in floating point
+    smooth_alpha: SmoothQuant: x / s and s * w with s_j = max|X_j|^a / max|W_j|^(1-a), before quantizing
+  The float64 oracle of a scheme is `harness.references.quantized_linear64`; the error of the scheme
+  against x @ w.T is bounded element-wise by `harness.references.quantized_linear_error_bound`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.contracts import Technique, define
+from harness.contracts.quantization import GRANULARITIES
+from harness.guard import check_tensor, guarded_call
+from harness.registry import Impl
+
+QUANTIZED_LINEAR = define(
+    Technique(
+        name="quantized_linear",
+        signature="quantized_linear(x, w, *, bits: int = 8, calib: Tensor | None = None) -> Tensor",
+        summary="x @ w.T with quantized weights (and activations): weight-only, W8A8, LLM.int8(), SmoothQuant",
+        properties="properties.test_quantized_linear",
+        reference="",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    weight: str = "channel"
+    group_size: int | None = None
+    act: str | None = None
+    outlier_threshold: float | None = None
+    smooth_alpha: float | None = None
+
+    @classmethod
+    def of(cls, impl: Impl) -> Scheme:
+        return cls(**{k: impl.cap(k) for k in ("group_size", "act", "outlier_threshold", "smooth_alpha")},
+                   weight=impl.cap("weight", "channel"))
+
+
+def check_inputs(x: torch.Tensor, w: torch.Tensor, bits: int, calib: torch.Tensor | None = None) -> None:
+    """Validate a call; ValueError/TypeError names the argument."""
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"quantized_linear: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"quantized_linear: {name} must be floating point, got {t.dtype}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"quantized_linear: {name} holds NaN or inf values")
+    if w.dim() != 2:
+        raise ValueError(f"quantized_linear: w must be 2-d (out, in), got shape {tuple(w.shape)}")
+    if x.dim() < 1 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"quantized_linear: x's last dim must be w's in-features {w.shape[1]}, got {tuple(x.shape)}")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"quantized_linear: bits must be an integer in 2..8, got {bits!r}")
+    if calib is not None and (calib.dim() != 2 or calib.shape[1] != w.shape[1]):
+        raise ValueError(f"quantized_linear: calib must be (n, {w.shape[1]}), got {tuple(calib.shape)}")
+
+
+def check_scheme(scheme: Scheme, cols: int) -> None:
+    if scheme.weight not in GRANULARITIES:
+        raise ValueError(f"quantized_linear: weight granularity must be one of {GRANULARITIES}, got {scheme.weight!r}")
+    if scheme.act not in (None, "tensor", "token"):
+        raise ValueError(f"quantized_linear: act must be None, 'tensor' or 'token', got {scheme.act!r}")
+    if scheme.weight == "group" and (not scheme.group_size or cols % scheme.group_size):
+        raise ValueError(f"quantized_linear: group_size {scheme.group_size} must divide in-features {cols}")
+
+
+def call(impl: Impl, x: torch.Tensor, w: torch.Tensor, *, bits: int, calib: torch.Tensor | None = None):
+    out = guarded_call(impl.fn, x, w, bits=bits, calib=calib, arg_names=("x", "w"))
+    return check_tensor(out, what=f"{impl.name} output", shape=(*x.shape[:-1], w.shape[0]), dtype=x.dtype,
+                        device=x.device)

@@ -1,0 +1,192 @@
+"""The two protocols a sampler is written against: language models and randomness.
+
+    lm(prefixes, n=1) -> Tensor (B, n, V) float64
+        Row [b, i] is the next-token distribution after the first len(prefixes[b]) - n + 1 + i tokens of
+        prefixes[b]: one call scores the last n positions of every prefix (a target verifying gamma draft
+        tokens asks for n = gamma + 1).  Prefixes are non-empty lists of token ids and may differ in length.
+        `lm.vocab_size` is V.
+
+    rng.categorical(probs (..., V)) -> LongTensor (...)     one draw per row
+    rng.bernoulli(probs (...)) -> BoolTensor (...)           True with the given probability
+
+A sampler draws randomness only through its `Rng`, so `harness.enumeration` can replace it by one that
+visits every branch with its exact probability.  `TorchRng` is the real back end (a seeded
+torch.Generator on cpu or cuda).  Wrappers: `Counted` counts calls, `Tempered` applies a temperature
+before the sampler sees p and q, `TableLM` is an exact context table (Hypothesis draws these), `GPTLM`
+adapts a `harness.models.gpt.GPT` and offers a KV-cached `session()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from harness.tolerance import PROBABILITY_SUM
+
+
+class LM(Protocol):
+    vocab_size: int
+
+    def __call__(self, prefixes: Sequence[Sequence[int]], n: int = 1) -> torch.Tensor: ...
+
+
+class Rng(Protocol):
+    def categorical(self, probs: torch.Tensor) -> torch.Tensor: ...
+
+    def bernoulli(self, probs: torch.Tensor) -> torch.Tensor: ...
+
+
+def check_distribution(p: torch.Tensor, what: str) -> None:
+    """ValueError unless every row of p (..., V) is finite, non-negative and sums to one."""
+    if not torch.isfinite(p).all():
+        raise ValueError(f"{what}: probabilities must be finite, got a NaN or inf")
+    if (p < 0).any():
+        raise ValueError(f"{what}: probabilities must be non-negative, got {p.min().item():.3g}")
+    err = (p.sum(-1) - 1).abs().max().item() if p.numel() else 0.0
+    if err > PROBABILITY_SUM:
+        raise ValueError(f"{what}: probabilities must sum to one (off by {err:.3g} > {PROBABILITY_SUM:g})")
+
+
+def check_probability(p: torch.Tensor, what: str) -> None:
+    if not torch.isfinite(p).all() or (p < 0).any() or (p > 1).any():
+        raise ValueError(f"{what}: a Bernoulli probability must lie in [0, 1], got {p}")
+
+
+class TorchRng:
+    """Seeded draws from a torch.Generator (cpu or cuda)."""
+
+    def __init__(self, seed: int, device: str = "cpu") -> None:
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.device = device
+
+    def categorical(self, probs: torch.Tensor) -> torch.Tensor:
+        check_distribution(probs, "rng.categorical")
+        flat = probs.reshape(-1, probs.shape[-1]).to(self.device)  # (rows, V)
+        return torch.multinomial(flat, 1, generator=self.gen).reshape(probs.shape[:-1]).cpu()
+
+    def bernoulli(self, probs: torch.Tensor) -> torch.Tensor:
+        probs = torch.as_tensor(probs, dtype=torch.float64)
+        check_probability(probs, "rng.bernoulli")
+        u = torch.rand(probs.shape, generator=self.gen, dtype=torch.float64, device=self.device).cpu()
+        return u < probs
+
+
+class Counted:
+    """Counts calls (and scored positions) of the wrapped model."""
+
+    def __init__(self, lm: LM) -> None:
+        self.lm, self.vocab_size, self.calls, self.positions = lm, lm.vocab_size, 0, 0
+
+    def __call__(self, prefixes, n=1):
+        self.calls += 1
+        self.positions += n * len(prefixes)
+        return self.lm(prefixes, n)
+
+
+class Tempered:
+    """p ** (1 / t), renormalized: the distribution a sampler at temperature t sees."""
+
+    def __init__(self, lm: LM, temperature: float) -> None:
+        if not temperature > 0:
+            raise ValueError(f"Tempered: temperature must be > 0, got {temperature}")
+        self.lm, self.vocab_size, self.t = lm, lm.vocab_size, temperature
+
+    def __call__(self, prefixes, n=1):
+        p = self.lm(prefixes, n) ** (1.0 / self.t)
+        return p / p.sum(-1, keepdim=True)
+
+
+class TableLM:
+    """An exact model of order k: the next token depends on the last k tokens (V marks 'before the start').
+
+    table: float64 (V+1,)*k + (V,) -- table[c_1, ..., c_k] is the next-token distribution after context c.
+    """
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.order, self.vocab_size = table.dim() - 1, table.shape[-1]
+        self.table = table
+
+    def row(self, prefix: Sequence[int]) -> torch.Tensor:
+        ctx = [self.vocab_size] * self.order + list(prefix)
+        return self.table[tuple(ctx[len(ctx) - self.order :])] if self.order else self.table
+
+    def __call__(self, prefixes, n=1):
+        return torch.stack([torch.stack([self.row(x[: len(x) - n + 1 + i]) for i in range(n)]) for x in prefixes])
+
+
+class GPTLM:
+    """A `harness.models.gpt.GPT` as an LM: float64 softmax of its logits; `session()` keeps a KV cache."""
+
+    def __init__(self, model) -> None:
+        self.model, self.vocab_size = model, model.cfg.vocab_size
+
+    @torch.no_grad()
+    def __call__(self, prefixes, n=1):
+        width = max(len(x) for x in prefixes)
+        idx = torch.tensor([list(x) + [0] * (width - len(x)) for x in prefixes], dtype=torch.long)  # (B, W)
+        logits = self.model(idx)  # (B, W, V); right padding is never seen by a causal row
+        rows = [logits[b, len(x) - n : len(x)] for b, x in enumerate(prefixes)]  # n rows each
+        return torch.softmax(torch.stack(rows).double(), dim=-1)  # (B, n, V)
+
+    def session(self) -> KVSession:
+        return KVSession(self.model)
+
+
+class KVSession:
+    """One sequence's KV cache: `extend(tokens)` scores the new tokens, `rollback(length)` forgets the rest.
+
+    Verifying gamma draft tokens costs one cached step over gamma + 1 positions; rejected positions are
+    dropped by truncating every layer's cache, never recomputed.
+    """
+
+    def __init__(self, model) -> None:
+        from harness.registry import get
+
+        self.model, self.length = model, 0
+        self.attention = get("attention", model.cfg.attention).fn
+        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _attend(self, layer, q, k, v):
+        if layer in self.cache:
+            old_k, old_v = self.cache[layer]
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)  # (1, Hkv, t, d)
+        self.cache[layer] = (k, v)
+        return self.attention(q, k, v, causal=True)  # bottom-right: new queries see the whole cache
+
+    @torch.no_grad()
+    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
+        """(len(tokens), V) float64: the distribution after each new token."""
+        idx = torch.tensor([list(tokens)], dtype=torch.long)  # (1, t)
+        positions = torch.arange(self.length, self.length + len(tokens))[None]  # (1, t)
+        logits = self.model.forward_with(idx, positions, self._attend)[0]  # (t, V)
+        self.length += len(tokens)
+        return torch.softmax(logits.double(), dim=-1)
+
+    def rollback(self, length: int) -> None:
+        self.cache = {layer: (k[:, :, :length], v[:, :, :length]) for layer, (k, v) in self.cache.items()}
+        self.length = length
+
+
+class RecomputeSession:
+    """The session interface for any LM, by re-scoring the whole prefix (used where no cache exists)."""
+
+    def __init__(self, lm: LM) -> None:
+        self.lm, self.tokens = lm, []
+
+    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
+        self.tokens += list(tokens)
+        return self.lm([self.tokens], len(tokens))[0]
+
+    def rollback(self, length: int) -> None:
+        del self.tokens[length:]
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+def session(lm: LM):
+    """A KV-cached session when the model offers one, else one that recomputes."""
+    return lm.session() if hasattr(lm, "session") else RecomputeSession(lm)

@@ -1,0 +1,1 @@
+"""Attention backward implementations (contract: harness/contracts/attention_backward.py)."""

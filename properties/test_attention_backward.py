@@ -1,0 +1,159 @@
+"""Properties of the attention backward (contract: harness/contracts/attention_backward.py).
+
+Every test taking ``impl`` runs against each registered backward implementation (pytest, via conftest)
+and backs a column of ``python -m harness check attention_backward``.  The backward's inputs o and L come
+from the float64 forward, rounded as a forward in that dtype would deliver them; the truth is float64
+autograd at the same rounded q, k, v, dO.  The laws at the end (D identity, L of every forward that
+returns it) do not take an implementation of this technique.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.contracts.attention_backward import call
+from harness.devices import available, unavailable_reason
+from harness.guard import ContractViolation, guarded_call
+from harness.references import (
+    attention64,
+    attention_backward64,
+    attention_backward_plain,
+    attention_lse64,
+    attention_lse_plain,
+    attention_probs64,
+)
+from harness.registry import impls
+from harness.runner import applies
+from harness.strategies import attention_cases, fully_masked_cases, output_grad
+from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound
+
+TECHNIQUE = "attention_backward"
+MAX_LEN = 200  # the tiled Python kernels loop over (Nq / Br) x (Nk / Bc) blocks: keep CI under budget
+GRADS = ("dq", "dk", "dv")
+
+
+def draw_case(data, impl, **kw):
+    return data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), max_len=MAX_LEN, **kw),
+                     label="case")
+
+
+def backward_inputs(case):
+    """q, k, v, o, L, dO as a forward in the case's dtype hands them to its backward."""
+    q, k, v = case.tensors()
+    o, lse = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
+    return q, k, v, o.to(q.dtype), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32), output_grad(case)
+
+
+def truth_and_plain(case, q, k, v, o, do):
+    return (attention_backward64(q, k, v, do, causal=case.causal, scale=case.scale),
+            attention_backward_plain(q, k, v, o, do, causal=case.causal, scale=case.scale))
+
+
+def assert_grads_earned(impl, case, grads, truth, plain):
+    for i, name in enumerate(GRADS):
+        assert_earned(grads[i], truth[i], [p[i] for p in plain], dtype_of(case.dtype), kind="grad",
+                      what=f"{impl.name} {name} vs float64 autograd")
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_matches_reference(impl, data):
+    """dQ, dK, dV equal float64 autograd within the earned gradient tolerance of their dtype."""
+    case = draw_case(data, impl)
+    q, k, v, o, lse, do = backward_inputs(case)
+    grads = call(impl, q, k, v, o, lse, do, causal=case.causal, scale=case.scale)
+    assert_grads_earned(impl, case, grads, *truth_and_plain(case, q, k, v, o, do))
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_key_gradients_sum_to_zero(impl, data):
+    """Adding one vector to every key shifts each score row by a constant, which softmax ignores: so
+    sum_j dK_j = scale sum_i (sum_j dS_ij) q_i = 0, because sum_j dS_ij = sum_j P_ij dP_ij - D_i = 0 exactly
+    when D_i = dO_i . O_i.  Each dK_j may be off by the earned bound, so the sum by Nk times it."""
+    case = draw_case(data, impl)
+    q, k, v, o, lse, do = backward_inputs(case)
+    _, dk, _ = call(impl, q, k, v, o, lse, do, causal=case.causal, scale=case.scale)
+    truth, plain = truth_and_plain(case, q, k, v, o, do)
+    bound = case.Nk * earned_bound(truth[1], [p[1] for p in plain], dtype_of(case.dtype), "grad")
+    total = dk.double().sum(dim=2).abs().max().item()  # (B, Hkv, d) summed over keys
+    assert total <= bound, f"{impl.name}: sum over keys of dK is {total:.3g}, not 0 (allowed {bound:.3g})"
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_fully_masked_rows_give_zero_gradients(impl, data):
+    """Causal with Nq > Nk: the first Nq - Nk rows see no key (L = -inf, o = 0).  Their dQ rows are exactly
+    zero, nothing is NaN (the guarded call checks finiteness), and every gradient still matches autograd."""
+    case = data.draw(fully_masked_cases(dtypes=impl.dtypes, devices=available(impl.devices)), label="case")
+    q, k, v, o, lse, do = backward_inputs(case)
+    grads = call(impl, q, k, v, o, lse, do, causal=True, scale=case.scale)
+    blind = case.Nq - case.Nk
+    assert bool((grads[0][:, :, :blind] == 0).all()), f"{impl.name}: dq is nonzero on the {blind} rows that see no key"
+    assert_grads_earned(impl, case, grads, *truth_and_plain(case, q, k, v, o, do))
+
+
+def _bad_inputs():
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    o, do, lse = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4)
+    return {
+        "o of the wrong shape": (q, k, v, o[:, :, :3], lse, do),
+        "do of the wrong dtype": (q, k, v, o, lse, do.double()),
+        "lse with a head dim": (q, k, v, o, lse[..., None].expand(1, 2, 4, 8), do),
+        "lse in float16": (q, k, v, o, lse.half(), do),
+        "heads not divisible": (torch.randn(1, 3, 4, 8), k, v, torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4),
+                                torch.randn(1, 3, 4, 8)),
+    }
+
+
+@applies(unavailable_reason)
+def test_rejects_bad_input(impl):
+    """Inputs that break the contract raise ValueError/TypeError naming the argument."""
+    for name, args in _bad_inputs().items():
+        try:
+            guarded_call(impl.fn, *args, causal=False, scale=None, arg_names=("q", "k", "v", "o", "lse", "do"))
+        except ContractViolation as exc:
+            cause = exc.__cause__
+            assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
+            assert any(a in str(cause) for a in ("q", "k", "v", "o", "lse", "do")), f"{impl.name} ({name}): '{cause}'"
+        else:
+            raise AssertionError(f"{impl.name} accepted bad input ({name}) and returned a result instead of raising")
+
+
+# ---------------------------------------------------------------------------------------------
+# laws of the backward's building blocks
+@given(case=attention_cases(max_len=64))
+def test_delta_identity(case):
+    """D_i = sum_j P_ij dP_ij = dO_i . O_i (float64): why the backward needs only O, never the row of P."""
+    q, k, v = case.tensors()
+    do = output_grad(case)
+    (B, H, Nq, d), Hkv = q.shape, case.Hkv
+    p = attention_probs64(q, k, causal=case.causal, scale=case.scale)  # (B, Hkv, G, Nq, Nk)
+    dp = do.reshape(B, Hkv, H // Hkv, Nq, d) @ v[:, :, None].transpose(-1, -2)  # (B, Hkv, G, Nq, Nk)
+    from_p = (p * dp).sum(-1).reshape(B, H, Nq)  # (B, H, Nq)
+    from_o = (do * attention64(q, k, v, causal=case.causal, scale=case.scale)).sum(-1)  # (B, H, Nq)
+    err = (from_p - from_o).abs().max().item()
+    assert err <= FLOAT64_IDENTITY * max(1.0, from_o.abs().max().item()), f"D identity off by {err:.3g}"
+
+
+LSE_FORWARDS = [i for i in impls("attention") if i.cap("returns_lse")]
+
+
+@pytest.mark.parametrize("fwd", LSE_FORWARDS, ids=[i.name for i in LSE_FORWARDS])
+@given(data=st.data())
+def test_forward_lse_is_logsumexp_of_scaled_scores(fwd, data):
+    """A forward declaring returns_lse returns (o, L) with L = torch.logsumexp of the scaled, masked scores."""
+    if not available(fwd.devices):
+        pytest.skip(unavailable_reason(fwd))
+    case = data.draw(attention_cases(dtypes=fwd.dtypes, devices=available(fwd.devices), max_len=MAX_LEN), label="case")
+    q, k, v = case.tensors()
+    o, lse = guarded_call(fwd.fn, q, k, v, causal=case.causal, scale=case.scale, return_lse=True,
+                          arg_names=("q", "k", "v"))
+    truth_o, truth = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
+    assert lse.shape == q.shape[:-1] and lse.dtype in (torch.float32, torch.float64), f"{fwd.name}: L {lse.shape}"
+    blind = truth.isinf()
+    assert torch.equal(lse.isinf() & (lse < 0), blind), f"{fwd.name}: L = -inf exactly on rows that see no key"
+    plain = [p.masked_fill(blind, 0) for p in attention_lse_plain(q, k, v, causal=case.causal, scale=case.scale)]
+    assert_earned(lse.masked_fill(blind, 0), truth.masked_fill(blind, 0), plain, dtype_of(case.dtype),
+                  what=f"{fwd.name} L vs float64 logsumexp")

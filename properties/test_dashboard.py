@@ -1,0 +1,83 @@
+"""The published asv dashboard (results/html), opened in a real headless Chromium.
+
+Serves the directory on localhost, waits for asv's JavaScript to render the benchmark list and a
+graph, checks that every benchmarks/bench_<technique>.py appears and that the graph has data
+points, and saves a screenshot to results/dashboard.png.  Chromium and its driver come from
+Debian's packages; the fixture installs them when missing and it runs as root.
+"""
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "results" / "html"
+SCREENSHOT = ROOT / "results" / "dashboard.png"
+TECHNIQUE_FILES = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
+GRAPH = "bench_attention.AttentionForward.time_forward"
+
+
+def _ensure_chromium() -> tuple[str, str]:
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"], check=True,
+                       capture_output=True, env=env)
+    return shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def server():
+    assert (HTML / "index.html").is_file(), "results/html is not published: run `asv publish` first"
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/index.html"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the [test] extra")
+    chromium, driver = _ensure_chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,900"):
+        options.add_argument(flag)
+    b = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+    yield b
+    b.quit()
+
+
+def _wait(browser, script: str, timeout: float = 60.0):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout, poll_frequency=0.25).until(lambda b: b.execute_script(script))
+
+
+def test_every_technique_is_listed(server, browser):
+    browser.get(server + "#/summarylist")
+    names = _wait(browser, "var t = $('#summarylist-body table a').map(function(){return $(this).text()}).get();"
+                           "return t.length ? t : null;")
+    listed = " ".join(names)
+    missing = [t for t in TECHNIQUE_FILES if f"bench_{t}." not in listed]
+    assert not missing, f"dashboard lists no benchmarks of {missing}; it shows {sorted(set(names))[:20]}"
+
+
+def test_a_graph_shows_data_points(server, browser):
+    browser.get(f"{server}#{GRAPH}?impl=sdpa&device=cpu")
+    points = _wait(browser, "var p = $('#main-graph').data('plot'); if (!p) return null;"
+                            "var n = 0; p.getData().forEach(function(s){ s.data.forEach(function(d){"
+                            " if (d[1] !== null) n++; }); }); return n || null;")
+    browser.save_screenshot(str(SCREENSHOT))
+    assert points > 0, f"graph {GRAPH} rendered without data points"
