@@ -15,12 +15,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from harness import profiles
 from harness.contracts import load_techniques
 from harness.registry import LOAD_ERRORS, Impl, get, impls
 from harness.runner import Property, Verdict, kill_mutant, properties_of, run_property
 
+VERDICTS = Path(__file__).resolve().parents[1] / "results" / "report" / "verdicts"
 PER_IMPL_LIMIT_S = float(os.environ.get("HARNESS_PER_IMPL_LIMIT_S", "900"))
 MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip"}
 
@@ -54,7 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="the main job: check everything, kill every mutant, quick benchmarks")
     _common(run)
     run.add_argument("--no-bench", action="store_true", help="skip the quick benchmark pass")
+    run.add_argument("--no-report", action="store_true", help="skip writing results/report")
     run.set_defaults(func=cmd_run)
+
+    rep = sub.add_parser("report", help="write results/report (Markdown + PNG plots measured here)")
+    rep.add_argument("--only", action="append", metavar="SECTION", help="only sections whose title contains this")
+    rep.set_defaults(func=cmd_report)
     return p
 
 
@@ -127,28 +134,42 @@ def cmd_mutants(args) -> int:
 def cmd_run(args) -> int:
     start = time.perf_counter()
     summary, status = [], 0
+    VERDICTS.mkdir(parents=True, exist_ok=True)
     for t in sorted(load_techniques()):
         print(f"\n=== check {t} ===")
         rc = cmd_check(argparse.Namespace(technique=t, impl=[], plugin=[], property=[], profile=args.profile,
-                                          json=None))
+                                          json=str(VERDICTS / f"{t}.json")))
         summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
         status |= rc
     print("\n=== mutants ===")
-    rc = cmd_mutants(argparse.Namespace(technique=None, profile=args.profile, json=None))
+    rc = cmd_mutants(argparse.Namespace(technique=None, profile=args.profile, json=str(VERDICTS / "mutants.json")))
     summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
     status |= rc
     if not args.no_bench:
         from harness.quickbench import run_quick
 
-        print("\n=== quick benchmark pass ===")
+        print("\n=== quick benchmark pass and dashboard ===")
         rc = run_quick()
-        summary.append(("quick benchmarks", "ok" if rc == 0 else "FAILED"))
+        summary.append(("quick benchmarks + dashboard", "ok" if rc == 0 else "FAILED"))
+        status |= rc
+    if not args.no_report:
+        print("\n=== report ===")
+        rc = cmd_report(argparse.Namespace(only=None))
+        summary.append(("report (results/report)", "ok" if rc == 0 else "FAILED"))
         status |= rc
     print("\n=== summary ===")
     for what, result in summary:
-        print(f"  {what:<28} {result}")
-    print(f"  {'wall time':<28} {time.perf_counter() - start:.0f} s")
+        print(f"  {what:<30} {result}")
+    print(f"  {'wall time':<30} {time.perf_counter() - start:.0f} s")
     return status
+
+
+def cmd_report(args) -> int:
+    from harness.report import write_report
+
+    path = write_report(only=args.only)
+    print(f"report: {path}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------

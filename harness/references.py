@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
+from harness.contracts.quantization import Quantized, dequantize, qmax, step_per_element
+from harness.contracts.quantized_linear import Scheme
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,3 +115,109 @@ def attention_probs64(q, k, *, causal: bool = False, scale: float | None = None)
     """P = softmax(scale q k^T) in float64, (B, Hkv, G, Nq, Nk); rows that see no key are 0."""
     scale = check_inputs(q, k, k, scale)
     return torch.softmax(_scores(q.double(), k.double(), scale, causal), dim=-1).nan_to_num(0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# quantization
+def quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> Quantized:
+    """Symmetric absmax from the definition, in float64: s = max|w| / (2^(b-1) - 1), q = round(w / s)."""
+    w = w.double()
+    rows, cols = w.shape
+    blocks = {"tensor": w.reshape(1, 1, -1), "channel": w.reshape(rows, 1, cols),
+              "group": w.reshape(rows, cols // (group_size or 1), -1)}[granularity]  # (R, G, elements per scale)
+    s = blocks.abs().amax(dim=-1) / qmax(bits)  # (R, G)
+    q = torch.where(s[..., None] > 0, blocks / s[..., None], 0.0).round()
+    return Quantized(q.reshape(rows, cols).to(torch.int64), s)
+
+
+def smoothing_factors64(act_absmax: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's s_j = max|X_j|^a / max|W_j|^(1-a), 1 where a channel of X or W is all zero."""
+    a, m = act_absmax.double(), w.double().abs().amax(dim=0)  # (in,), (in,)
+    ok = (a > 0) & (m > 0)
+    return torch.where(ok, a.clamp(min=1e-300) ** alpha / m.clamp(min=1e-300) ** (1 - alpha), 1.0)
+
+
+def _split(x, w, scheme: Scheme, calib):
+    """(x, w) with LLM.int8()'s outlier columns removed and SmoothQuant's factors applied, in float64,
+    and the float64 product of the outlier columns."""
+    x2, w = x.reshape(-1, x.shape[-1]).double(), w.double()  # (n, in)
+    y_outliers = torch.zeros(x2.shape[0], w.shape[0], dtype=torch.float64, device=x.device)  # (n, out)
+    if scheme.outlier_threshold is not None:
+        cols = (x2.abs() > scheme.outlier_threshold).any(dim=0)  # (in,)
+        y_outliers = x2[:, cols] @ w[:, cols].T
+        x2, w = x2 * ~cols, w * ~cols
+    if scheme.smooth_alpha is not None:
+        stats = (x2 if calib is None else calib.double()).abs().amax(dim=0)  # (in,)
+        s = smoothing_factors64(stats, w, scheme.smooth_alpha)
+        x2, w = x2 / s, w * s
+    return x2, w, y_outliers
+
+
+def _quantized_operands(x2, w, bits: int, scheme: Scheme):
+    qw = quantize64(w, bits, scheme.weight, scheme.group_size)
+    qx = None if scheme.act is None else quantize64(x2, bits, "tensor" if scheme.act == "tensor" else "channel")
+    return qx, qw
+
+
+def quantized_linear64(x, w, *, bits: int, scheme: Scheme, calib=None) -> torch.Tensor:
+    """The scheme's dequantized computation in float64: y = x_O @ w_O.T + dq(q(x')) @ dq(q(w')).T."""
+    x2, w2, y = _split(x, w, scheme, calib)
+    qx, qw = _quantized_operands(x2, w2, bits, scheme)
+    x_hat = x2 if qx is None else dequantize(qx)
+    return (y + x_hat @ dequantize(qw).T).reshape(*x.shape[:-1], w.shape[0])  # (..., out)
+
+
+def quantized_linear_plain(x, w, *, bits: int, scheme: Scheme, calib=None) -> list[torch.Tensor]:
+    """Two float64 orders of the same computation (integer products first, then the scales; and the
+    columns summed in reverse): their distance from quantized_linear64 is float64 rounding."""
+    x2, w2, y = _split(x, w, scheme, calib)
+    qx, qw = _quantized_operands(x2, w2, bits, scheme)
+    w_hat = dequantize(qw)
+    if qx is None:
+        orders = [x2.flip(-1) @ w_hat.flip(-1).T, (x2 @ qw.codes.double().T) * qw.scale.T]
+        orders = orders[:1] if scheme.weight == "group" else orders  # groups: no single scale per output
+    else:
+        x_hat = dequantize(qx)
+        orders = [x_hat.flip(-1) @ w_hat.flip(-1).T]
+        if scheme.weight != "group":
+            orders.append((qx.codes.double() @ qw.codes.double().T) * qx.scale * qw.scale.T)
+    return [(y + o).reshape(*x.shape[:-1], w.shape[0]) for o in orders]
+
+
+def quantized_linear_error_bound(x, w, *, bits: int, scheme: Scheme, calib=None) -> torch.Tensor:
+    """|y - x @ w.T| <= sum_k |x_k| dw_k + dx_k |w_k| + dx_k dw_k (exact arithmetic), where dw, dx are the
+    per-element steps / 2 of the scheme's scales; outlier columns contribute nothing (computed in float)."""
+    x2, w2, _ = _split(x, w, scheme, calib)
+    qx, qw = _quantized_operands(x2, w2, bits, scheme)
+    dw = step_per_element(qw) / 2  # (out, in)
+    dx = torch.zeros_like(x2) if qx is None else step_per_element(qx).expand_as(x2) / 2  # (n, in)
+    bound = x2.abs() @ dw.T + dx @ w2.abs().T + dx @ dw.T  # (n, out)
+    return bound.reshape(*x.shape[:-1], w.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# speculative decoding
+def autoregressive_distribution(target, prompt, T: int, eos: int | None = None) -> dict[tuple[int, ...], float]:
+    """P(first T tokens) of sampling from the target, by expanding every sequence (float64; a sequence
+    ends early at eos).  Zero-probability continuations are left out."""
+    dist = {(): 1.0}
+    for _ in range(T):
+        grown: dict[tuple[int, ...], float] = {}
+        for seq, prob in dist.items():
+            if seq and seq[-1] == eos:
+                grown[seq] = prob
+                continue
+            p = target([[*prompt, *seq]])[0, -1].tolist()
+            for token, pt in enumerate(p):
+                if pt > 0:
+                    grown[(*seq, token)] = prob * pt
+        dist = grown
+    return dist
+
+
+def greedy_tokens(target, prompt, T: int, eos: int | None = None) -> list[int]:
+    """The target's greedy continuation (argmax, ties to the lowest id), stopping at eos."""
+    out: list[int] = []
+    while len(out) < T and (not out or out[-1] != eos):
+        out.append(int(target([[*prompt, *out]])[0, -1].argmax()))
+    return out

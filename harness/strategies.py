@@ -108,3 +108,39 @@ def fully_masked_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), 
     case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=max_len - 1, causal=True))
     extra = draw(st.integers(1, max_len - case.Nk))
     return AttentionCase(**{**case.__dict__, "Nq": case.Nk + extra})
+
+
+# ---------------------------------------------------------------------------------------------
+# block_manager
+TOKEN_ALPHABET = 3  # few distinct tokens, so equal blocks under different prefixes come up often
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    block_size: int
+    num_blocks: int
+    num_cpu_blocks: int
+
+
+def pool_geometries() -> st.SearchStrategy[PoolGeometry]:
+    """Small pools, so that running out of blocks, eviction and reuse of evicted blocks all happen."""
+    return st.builds(PoolGeometry, st.sampled_from([1, 2, 3, 4]), st.integers(0, 12), st.integers(0, 6))
+
+
+def token_lists(block_size: int, min_size: int = 1) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=min_size, max_size=4 * block_size + 1)
+
+
+@st.composite
+def prompts(draw: st.DrawFn, history: list[list[int]], block_size: int) -> list[int]:
+    """A prompt: fresh; an earlier prompt's prefix (cut mostly at a block boundary) plus new tokens; or an
+    earlier prompt with one token of its first block changed -- equal later blocks under another prefix."""
+    kind = draw(st.sampled_from(["fresh", "shared_prefix", "other_prefix"] if history else ["fresh"]))
+    if kind == "fresh":
+        return draw(token_lists(block_size))
+    base = draw(st.sampled_from(list(history)))
+    if kind == "shared_prefix":
+        cut = draw(st.one_of(st.sampled_from(range(0, len(base) + 1, block_size)), st.integers(0, len(base))))
+        return base[:cut] + draw(token_lists(block_size, min_size=0 if cut else 1))
+    j = draw(st.integers(0, min(block_size, len(base)) - 1))
+    return [*base[:j], (base[j] + 1) % TOKEN_ALPHABET, *base[j + 1:]]

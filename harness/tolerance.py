@@ -39,6 +39,14 @@ TOLERANCES: dict[tuple[str, torch.dtype], Tol] = {
     # order.  Kernel/plain ratios up to 2.45 were found here by Hypothesis with three plain orders;
     # an overflowing or unshifted softmax is off by O(1), four orders of magnitude above this bound.
     **{("large_logits", dt): Tol(k=4.0, floor=16 * eps) for dt, eps in EPS.items()},
+    # quantization (harness/contracts/quantization.py).  "quantize": |w - dq(q(w))| <= k * s + floor *
+    # (|w| + |dq|): k = 1/2 is the exact-arithmetic bound of rounding to a grid of step s; the floor
+    # pays for computing w / s and q * s in T (one rounding each, relative to the values involved).
+    **{("quantize", dt): Tol(k=0.5, floor=4 * eps) for dt, eps in EPS.items()},
+    # "quantized_matmul": |y - x @ w.T| <= k * (the scheme's exact-arithmetic bound, derived from its
+    # scales) + floor * sum_k |x||w|: the floor covers the matmul's own rounding in T (n eps worst case
+    # for n <= 256 terms, typically sqrt(n) eps).
+    **{("quantized_matmul", dt): Tol(k=1.0, floor=64 * eps) for dt, eps in EPS.items()},
 }
 # Relations that hold exactly in real arithmetic, checked in float64 (merge laws, transforms).
 FLOAT64_IDENTITY = 1e-12

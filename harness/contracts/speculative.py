@@ -1,0 +1,102 @@
+"""The speculative-decoding sampler contract.
+
+    sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation
+
+* target, draft: language models (`harness.lm.LM`): ``lm(prefixes, n) -> (B, n, V)`` float64 next-token
+  distributions for the last n positions of each prefix; temperature is already applied (`Tempered`).
+  draft may be None for samplers that need none (plain autoregressive sampling).
+* prompt: a non-empty list of token ids; gamma >= 1 draft tokens per round; at most max_new_tokens
+  tokens are generated, fewer when eos is generated (it is included).
+* rng (`harness.lm.Rng`): the only source of randomness -- ``rng.categorical(probs)``,
+  ``rng.bernoulli(probs)`` -- so `harness.enumeration` can compute the exact output distribution.
+  A sampler that draws from torch's RNG itself declares ``caps={"rng": "own"}`` and is checked
+  statistically instead.
+* Rounds depend only on the tokens so far (no state carried between rounds), so a sampler restarted
+  from prompt + the tokens it emitted continues as it would have; declare ``caps={"markov": False}``
+  otherwise.
+* Returns a `Generation` (or a plain list of tokens): the tokens and one `Round` per round.
+* Bad input -- gamma < 1, models with different vocabularies, an empty prompt, distributions that are
+  negative, NaN or do not sum to one -- raises ValueError naming the argument (`check_inputs`,
+  `validated`).
+
+The output distribution must equal the target's autoregressive distribution, whatever the draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from harness.contracts import Technique, define
+from harness.guard import ContractViolation, guarded_call
+from harness.lm import LM, check_distribution
+from harness.registry import Impl
+
+SPECULATIVE = define(
+    Technique(
+        name="speculative",
+        signature="sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation",
+        summary="sampling with a draft model whose output distribution is exactly the target's",
+        properties="properties.test_speculative",
+        reference="autoregressive",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Round:
+    drafted: int  # draft tokens proposed
+    accepted: int  # of which the target accepted
+    target_calls: int  # target calls this round (1 for speculative sampling)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def target_calls(self) -> int:
+        return sum(r.target_calls for r in self.rounds)
+
+
+def check_inputs(target: LM, draft: LM | None, prompt: Sequence[int], gamma: int, max_new_tokens: int,
+                 eos: int | None = None) -> None:
+    """ValueError/TypeError naming the argument unless the call fits the contract."""
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"speculative: gamma must be an int >= 1, got {gamma!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"speculative: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    V = target.vocab_size
+    if draft is not None and draft.vocab_size != V:
+        raise ValueError(f"speculative: draft vocabulary {draft.vocab_size} differs from the target's {V}")
+    if len(prompt) == 0 or not all(isinstance(t, int) and 0 <= t < V for t in prompt):
+        raise ValueError(f"speculative: prompt must be a non-empty list of token ids in [0, {V}), got {prompt!r}")
+    if eos is not None and not (isinstance(eos, int) and 0 <= eos < V):
+        raise ValueError(f"speculative: eos must be None or a token id in [0, {V}), got {eos!r}")
+
+
+class validated:  # noqa: N801 - used like a function: validated(target, "target")
+    """Wraps a model so that every distribution it returns is checked (ValueError naming the model)."""
+
+    def __init__(self, lm: LM, name: str) -> None:
+        self.lm, self.vocab_size, self.name = lm, lm.vocab_size, name
+
+    def __call__(self, prefixes, n=1):
+        p = self.lm(prefixes, n)
+        check_distribution(p, self.name)
+        return p
+
+
+def call(impl: Impl, target: LM, draft: LM | None, prompt: list[int], *, gamma: int, max_new_tokens: int,
+         rng, eos: int | None = None) -> Generation:
+    """Call an implementation under guard and check the promised output."""
+    out = guarded_call(impl.fn, target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng,
+                       eos=eos, arg_names=("target", "draft", "prompt"))
+    tokens = list(getattr(out, "tokens", out) if out is not None else [])
+    if out is None or not all(isinstance(t, int) and 0 <= t < target.vocab_size for t in tokens):
+        raise ContractViolation(f"{impl.name}: returned {out!r}, expected a Generation of token ids")
+    if len(tokens) > max_new_tokens or (eos in tokens[:-1]):
+        raise ContractViolation(f"{impl.name}: returned {len(tokens)} tokens {tokens} for max_new_tokens="
+                                f"{max_new_tokens}, eos={eos}")
+    return out if isinstance(out, Generation) else Generation(tokens)

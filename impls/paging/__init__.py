@@ -1,0 +1,1 @@
+"""Block managers (contract: harness/contracts/block_manager.py)."""

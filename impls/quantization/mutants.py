@@ -1,0 +1,67 @@
+"""Known-wrong quantizers and quantized linear layers, each modelled on a real bug.
+
+The quantizer mutants share the reference's absmax code path with one bug switched on; the layer
+mutants are the float64-emulated W8A8 and LLM.int8() with one bug each.
+"""
+
+import torch
+
+from harness.contracts.quantization import Quantized, check_inputs, qmax
+from harness.registry import register
+from impls.quantization.llm_int8 import THRESHOLD, llm_int8_linear, outlier_columns
+from impls.quantization.w8a8_emulated import w8a8_emulated
+
+QUANTIZER_BUGS = {
+    "signed_max": ("scale from max(w) instead of max|w|: a group whose largest magnitude is negative "
+                   "clamps it", ("absmax_round_trips",)),
+    "truncation": ("codes truncated toward zero instead of rounded: errors up to a full step",
+                   ("error_within_half_step",)),
+    "clamp_2_pow_b_minus_1": ("scale max|w| / 2^(b-1) and clamp to +-2^(b-1): the absmax code is 2^(b-1), "
+                              "outside the symmetric range (128 wraps to -128 in int8)", ("codes_in_range",)),
+    "group_crosses_rows": ("groups cut from the column-major (transposed) weight, so a group spans rows",
+                           ("granularity_bounds_nest",)),
+}
+
+
+def buggy_quantize(w, *, bits, granularity="channel", group_size=None, bug: str):
+    rows, cols = w.shape
+    g = check_inputs(w, bits, granularity, group_size)
+    top = 2 ** (bits - 1) if bug == "clamp_2_pow_b_minus_1" else qmax(bits)
+    source = w.t() if bug == "group_crosses_rows" and granularity == "group" else w  # (cols, rows) when buggy
+    blocks = source.reshape(1, 1, -1) if granularity == "tensor" else source.reshape(-1, cols // g, g)  # (R, G, g)
+    peak = blocks.amax(dim=-1) if bug == "signed_max" else blocks.abs().amax(dim=-1)  # (R, G)
+    s = peak / top
+    safe = torch.where(s != 0, s, torch.ones_like(s))[..., None]
+    ratio = blocks / safe
+    q = (torch.trunc(ratio) if bug == "truncation" else torch.round(ratio)).clamp(-top, top)  # (R, G, g)
+    if bug == "group_crosses_rows" and granularity == "group":
+        q = q.reshape(cols, rows).t()  # codes back in place, but the scales stay in the crossed layout
+    return Quantized(q.reshape(rows, cols).to(torch.int8), s.reshape(1, 1) if granularity == "tensor"
+                     else s.reshape(rows, cols // g).abs())
+
+
+for _bug, (_what, _killers) in QUANTIZER_BUGS.items():
+    register("quantization", f"mutant_{_bug}", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
+             mutant=True, bug=_what, killed_by=_killers, caps={"symmetric": True})(
+        lambda w, *, bits, granularity="channel", group_size=None, _bug=_bug: buggy_quantize(
+            w, bits=bits, granularity=granularity, group_size=group_size, bug=_bug))
+
+
+@register("quantized_linear", "mutant_zero_scale_nan", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
+          mutant=True, bug="per-token scale of an all-zero (padding) token is 0 and x / 0 = NaN reaches the output",
+          killed_by=("all_zero_tokens_give_zeros",), caps={"weight": "channel", "act": "token"})
+def mutant_zero_scale_nan(x, w, *, bits=8, calib=None):
+    return w8a8_emulated(x, w, bits=bits, calib=calib, guard_zero=False)
+
+
+_previous: dict[int, torch.Tensor] = {}  # in-features -> outlier columns of the last batch seen
+
+
+@register("quantized_linear", "mutant_stale_outliers", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
+          mutant=True, bug="outlier columns detected on a previous batch are reused for the next one",
+          killed_by=("outliers_follow_each_batch",),
+          caps={"weight": "channel", "act": "token", "outlier_threshold": THRESHOLD})
+def mutant_stale_outliers(x, w, *, bits=8, calib=None):
+    fresh = outlier_columns(x.reshape(-1, x.shape[-1]), THRESHOLD)  # (in,)
+    cols = _previous.setdefault(x.shape[-1], fresh).to(x.device)
+    return llm_int8_linear(x, w, bits=bits, calib=calib, outliers=cols)
