@@ -49,15 +49,31 @@ class ReplayRng:
         new = len(self.taken) >= len(self.path)
         if new:
             check_distribution(probs, "rng.categorical")
-        rows = probs.reshape(-1, probs.shape[-1]).tolist() if new else probs.reshape(-1, probs.shape[-1])
-        return torch.tensor([self._choose(r) for r in rows]).reshape(probs.shape[:-1])
+        if probs.dim() == 1:
+            return _scalar(self._choose(probs.tolist() if new else probs))
+        rows = probs.reshape(-1, probs.shape[-1])  # (rows, V)
+        return torch.tensor([self._choose(r.tolist() if new else r) for r in rows]).reshape(probs.shape[:-1])
 
     def bernoulli(self, probs) -> torch.Tensor:
         probs = torch.as_tensor(probs, dtype=torch.float64)
         if len(self.taken) >= len(self.path):
             check_probability(probs, "rng.bernoulli")
+        if probs.dim() == 0:
+            x = probs.item()
+            return _BOOLS[self._choose((1.0 - x, x))]
         flat = probs.reshape(-1).tolist()
         return torch.tensor([bool(self._choose((1.0 - x, x))) for x in flat]).reshape(probs.shape)
+
+
+# Replays return shared 0-dim tensors: creating a fresh one costs more than the rest of a choice.
+_BOOLS = (torch.tensor(False), torch.tensor(True))
+_SCALARS: list[torch.Tensor] = []
+
+
+def _scalar(i: int) -> torch.Tensor:
+    while len(_SCALARS) <= i:
+        _SCALARS.append(torch.tensor(len(_SCALARS)))
+    return _SCALARS[i]
 
 
 def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Hashable, float]]:
@@ -89,9 +105,9 @@ class _Memo:
             key = (tuple(x), n)
             if key not in self.cache:
                 self.misses += 1
-                self.cache[key] = self.lm([list(x)], n)[0]  # (n, V)
+                self.cache[key] = self.lm([list(x)], n)  # (1, n, V)
             rows.append(self.cache[key])
-        return rows[0][None] if len(rows) == 1 else torch.stack(rows)  # (B, n, V)
+        return rows[0] if len(rows) == 1 else torch.cat(rows)  # (B, n, V)
 
 
 class _Watch:

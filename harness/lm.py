@@ -40,6 +40,10 @@ class Rng(Protocol):
 
 def check_distribution(p: torch.Tensor, what: str) -> None:
     """ValueError unless every row of p (..., V) is finite, non-negative and sums to one."""
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"{what}: probabilities must be a torch.Tensor, got {type(p).__name__}")
+    if p.numel() and float(p.min()) >= 0 and float((p.sum(-1) - 1).abs().max()) <= PROBABILITY_SUM:
+        return  # the fast path: NaN and inf fail one of these comparisons
     if not torch.isfinite(p).all():
         raise ValueError(f"{what}: probabilities must be finite, got a NaN or inf")
     if (p < 0).any():

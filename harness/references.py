@@ -173,14 +173,11 @@ def quantized_linear_plain(x, w, *, bits: int, scheme: Scheme, calib=None) -> li
     x2, w2, y = _split(x, w, scheme, calib)
     qx, qw = _quantized_operands(x2, w2, bits, scheme)
     w_hat = dequantize(qw)
-    if qx is None:
-        orders = [x2.flip(-1) @ w_hat.flip(-1).T, (x2 @ qw.codes.double().T) * qw.scale.T]
-        orders = orders[:1] if scheme.weight == "group" else orders  # groups: no single scale per output
-    else:
-        x_hat = dequantize(qx)
-        orders = [x_hat.flip(-1) @ w_hat.flip(-1).T]
-        if scheme.weight != "group":
-            orders.append((qx.codes.double() @ qw.codes.double().T) * qx.scale * qw.scale.T)
+    x_hat = x2 if qx is None else dequantize(qx)
+    orders = [x_hat.flip(-1) @ w_hat.flip(-1).T]
+    if scheme.weight != "group":  # one scale per output: integer (or unscaled) products first, then scales
+        x_codes, x_scale = (x2, 1.0) if qx is None else (qx.codes.double(), qx.scale)
+        orders.append((x_codes @ qw.codes.double().T) * x_scale * qw.scale.T)
     return [(y + o).reshape(*x.shape[:-1], w.shape[0]) for o in orders]
 
 
@@ -221,3 +218,35 @@ def greedy_tokens(target, prompt, T: int, eos: int | None = None) -> list[int]:
     while len(out) < T and (not out or out[-1] != eos):
         out.append(int(target([[*prompt, *out]])[0, -1].argmax()))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# kvcache: full forward passes of a harness GPT (no cache), in float64 and in the model's own dtype
+def gpt_logits64(model, seq: torch.Tensor, kv_bits: int | None = None) -> torch.Tensor:
+    """Logits (T, V) of one sequence, weights (as stored) promoted to float64, attention from the definition.
+    ``kv_bits``: round-trip every key/value vector through symmetric absmax integers of that many bits
+    first (what a quantized cache stores), so the result is the exact forward of a quantized cache."""
+    import copy
+
+    model64 = copy.deepcopy(model).double()
+
+    def attend(layer, q, k, v):
+        if kv_bits is not None:
+            k, v = _absmax_roundtrip(k, kv_bits), _absmax_roundtrip(v, kv_bits)
+        return attention64(q, k, v, causal=True)
+
+    with torch.no_grad():
+        return model64.forward_with(seq[None], None, attend)[0]
+
+
+def gpt_logits_plain(model, seq: torch.Tensor) -> list[torch.Tensor]:
+    """The full forward in the model's own dtype, with attention in attention_plain's three orders."""
+    with torch.no_grad():
+        return [model.forward_with(seq[None], None, lambda layer, q, k, v, i=i: attention_plain(q, k, v, causal=True)[i])[0]
+                for i in range(3)]
+
+
+def _absmax_roundtrip(x: torch.Tensor, bits: int) -> torch.Tensor:
+    top = 2 ** (bits - 1) - 1
+    scale = x.abs().amax(dim=-1, keepdim=True) / top  # one scale per vector
+    return torch.where(scale > 0, torch.round(x / torch.where(scale > 0, scale, 1)).clamp(-top, top) * scale, 0)

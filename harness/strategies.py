@@ -63,11 +63,13 @@ def attention_cases(
     max_len: int = 300,
     causal: bool | None = None,
     magnitude: st.SearchStrategy[float] | None = None,
+    max_nq: int | None = None,  # an implementation's declared cap (split-K decoding serves a few queries)
 ) -> AttentionCase:
     Hkv = draw(st.integers(1, 4))
     H = Hkv * draw(st.sampled_from([g for g in (1, 2, 4) if Hkv * g <= 4]))  # Hkv divides H, H <= 4
     Nk = draw(lengths(max_len))
-    Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
+    Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)) if max_nq is None  # decode, Nq != Nk, square
+              else st.integers(1, max_nq))
     d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, 128)))
     return AttentionCase(
         B=draw(st.integers(1, 2)), H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d,
@@ -144,3 +146,337 @@ def prompts(draw: st.DrawFn, history: list[list[int]], block_size: int) -> list[
         return base[:cut] + draw(token_lists(block_size, min_size=0 if cut else 1))
     j = draw(st.integers(0, min(block_size, len(base)) - 1))
     return [*base[:j], (base[j] + 1) % TOKEN_ALPHABET, *base[j + 1:]]
+
+
+# ---------------------------------------------------------------------------------------------
+# quantization
+QUANT_GROUP_SIZES = (1, 2, 3, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class QuantCase:
+    """A (rows, cols) weight of standard-normal entries, row r scaled by 10^u_r with u_r ~ U(-spread, spread)
+    (so rows, and groups, have very different ranges); ``zero_rows`` leading rows and, when
+    ``zero_group`` is set, the first group of every other row are exactly zero."""
+
+    rows: int
+    cols: int
+    bits: int
+    granularity: str
+    group_size: int | None
+    dtype: str
+    seed: int
+    spread: float = 0.0
+    zero_rows: int = 0
+    zero_group: bool = False
+    device: str = "cpu"
+
+    def tensor(self) -> torch.Tensor:
+        g = generator(self.seed)
+        w = torch.randn(self.rows, self.cols, generator=g, dtype=torch.float64)
+        u = (2 * torch.rand(self.rows, 1, generator=g, dtype=torch.float64) - 1) * self.spread  # (rows, 1)
+        w = w * 10.0**u
+        w[: self.zero_rows] = 0.0
+        if self.zero_group:
+            w[1::2, : self.group_size or self.cols] = 0.0
+        return w.to(dtype_of(self.dtype)).to(self.device)
+
+
+@st.composite
+def quant_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
+                granularity: str | None = None, zeros: bool = False) -> QuantCase:
+    group_size = draw(st.sampled_from(QUANT_GROUP_SIZES))
+    cols = group_size * draw(st.integers(1, max(1, 256 // group_size)))  # group_size divides cols
+    rows = draw(st.integers(1, 16))
+    gran = granularity or draw(st.sampled_from(("tensor", "channel", "group")))
+    return QuantCase(
+        rows=rows, cols=cols, bits=draw(st.integers(2, 8)), granularity=gran,
+        group_size=group_size if gran == "group" else None, dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds),
+        spread=draw(st.sampled_from([0.0, 1.0, 3.0])),
+        zero_rows=draw(st.integers(0, rows)) if zeros else 0, zero_group=draw(st.booleans()) if zeros else False,
+        device=draw(st.sampled_from(devices)),
+    )
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    """x (n, in) standard normal, with ``outliers`` input columns set to +-U(10, 100) (above LLM.int8()'s
+    threshold of 6) and the first ``zero_tokens`` rows all zero; w (out, in) standard normal / sqrt(in).
+    ``calib``: also build calibration activations with the same outlier columns."""
+
+    n: int
+    d_in: int
+    d_out: int
+    bits: int
+    dtype: str
+    seed: int
+    outliers: tuple[int, ...] = ()
+    zero_tokens: int = 0
+    calib: bool = False
+    device: str = "cpu"
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        g = generator(self.seed)
+        x = self.activations(g, self.n)
+        x[: self.zero_tokens] = 0.0
+        w = torch.randn(self.d_out, self.d_in, generator=g, dtype=torch.float64) / self.d_in**0.5
+        calib = self.activations(g, 16) if self.calib else None
+        return tuple(None if t is None else t.to(dtype_of(self.dtype)).to(self.device) for t in (x, w, calib))
+
+    def activations(self, g: torch.Generator, n: int) -> torch.Tensor:
+        x = torch.randn(n, self.d_in, generator=g, dtype=torch.float64)
+        for j in self.outliers:
+            size = 10 + 90 * torch.rand(n, generator=g, dtype=torch.float64)  # (n,)
+            x[:, j] = torch.where(torch.rand(n, generator=g) < 0.5, -size, size)
+        return x
+
+
+@st.composite
+def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
+                 multiple_of: int = 1, zero_tokens: bool = False, min_outliers: int = 0) -> LinearCase:
+    d_in = multiple_of * draw(st.integers(max(1, -(-max(2, min_outliers) // multiple_of)), max(1, 128 // multiple_of)))
+    n = draw(st.integers(1, 24))
+    outliers = draw(st.sets(st.integers(0, d_in - 1), min_size=min_outliers, max_size=min(3, d_in)))
+    return LinearCase(
+        n=n, d_in=d_in, d_out=draw(st.integers(1, 32)), bits=draw(st.integers(2, 8)),
+        dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds), outliers=tuple(sorted(outliers)),
+        zero_tokens=draw(st.integers(1, n)) if zero_tokens else 0, calib=draw(st.booleans()),
+        device=draw(st.sampled_from(devices)),
+    )
+
+
+@st.composite
+def outlier_batch_pairs(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
+                        multiple_of: int = 1) -> tuple[LinearCase, LinearCase]:
+    """Two batches of the same shapes whose outlier columns are different, non-empty sets."""
+    first = draw(linear_cases(dtypes=dtypes, devices=devices, multiple_of=multiple_of, min_outliers=1))
+    others = [j for j in range(first.d_in) if j not in first.outliers]
+    second = draw(st.sets(st.sampled_from(others), min_size=1, max_size=min(3, len(others))))
+    return first, LinearCase(**{**first.__dict__, "seed": draw(seeds), "outliers": tuple(sorted(second))})
+
+
+@st.composite
+def smoothing_cases(draw: st.DrawFn, min_alpha: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Float64 activations (n, in): standard normal, with 1-3 outlier channels of entries +-U(100, 1000)
+    (so the channel-range ratio exceeds 100 / 6); a weight (out, in) of entries +-U(0.5, 1) (column
+    ranges within 2x of each other); a migration strength in [min_alpha, 1]."""
+    n, d_in, d_out = draw(st.integers(1, 16)), draw(st.integers(2, 64)), draw(st.integers(1, 32))
+    g = generator(draw(seeds))
+    x = torch.randn(n, d_in, generator=g, dtype=torch.float64)
+    for j in draw(st.sets(st.integers(0, d_in - 1), min_size=1, max_size=min(3, d_in - 1))):
+        size = 100 + 900 * torch.rand(n, generator=g, dtype=torch.float64)  # (n,)
+        x[:, j] = torch.where(torch.rand(n, generator=g) < 0.5, -size, size)
+    sign = torch.where(torch.rand(d_out, d_in, generator=g) < 0.5, -1.0, 1.0).double()
+    w = sign * (0.5 + 0.5 * torch.rand(d_out, d_in, generator=g, dtype=torch.float64))
+    return x, w, draw(st.floats(min_alpha, 1.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# iomodel (harness/iomodel.py): one head's sizes and block sizes, values from a seed
+@dataclass(frozen=True)
+class IOCase:
+    Nq: int
+    Nk: int
+    d: int
+    Br: int
+    Bc: int
+    seed: int
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = generator(self.seed)
+        return tuple(torch.randn(n, self.d, generator=g, dtype=torch.float64) for n in (self.Nq, self.Nk, self.Nk))
+
+
+@st.composite
+def io_cases(draw: st.DrawFn, square: bool = False, max_len: int = 96) -> IOCase:
+    Nk = draw(st.integers(1, max_len))
+    return IOCase(Nq=Nk if square else draw(st.integers(1, max_len)), Nk=Nk, d=draw(st.integers(1, 32)),
+                  Br=draw(st.integers(1, 40)), Bc=draw(st.integers(1, 40)), seed=draw(seeds))
+
+
+@st.composite
+def sram_capacities(draw: st.DrawFn, d: int) -> int:
+    """An SRAM size M (elements) that holds at least 1-row blocks of head dim d (4d + 7), up to 64 d^2."""
+    return draw(st.integers(4 * d + 7, max(4 * d + 7, 64 * d * d)))
+
+
+# ---------------------------------------------------------------------------------------------
+# speculative decoding (harness/contracts/speculative.py): small exact models from a drawn seed
+def probability_table(V: int, order: int, zeros: float, g: torch.Generator) -> torch.Tensor:
+    """(V+1,)*order + (V,) float64 rows with arbitrary values, a share `zeros` of them exactly 0 (never a
+    whole row), each row summing to one."""
+    shape = (*(V + 1,) * order, V)
+    t = torch.rand(shape, generator=g, dtype=torch.float64) ** 3  # skewed: tiny and large probabilities
+    t[torch.rand(shape, generator=g, dtype=torch.float64) < zeros] = 0.0
+    keep = torch.randint(V, (*shape[:-1], 1), generator=g)  # one entry per row stays positive
+    t.scatter_(-1, keep, t.gather(-1, keep) + 0.05)
+    return t / t.sum(-1, keepdim=True)
+
+
+@dataclass(frozen=True)
+class SpeculativeCase:
+    V: int
+    target_order: int
+    draft: str  # "table", "target" (the draft is the target), "uniform", or "point" (one-hot rows)
+    draft_order: int
+    zeros: float  # share of table entries that are exactly zero
+    gamma: int
+    T: int
+    prompt: tuple[int, ...]
+    eos: int | None
+    seed: int
+
+    def models(self):
+        from harness.lm import TableLM
+
+        g = generator(self.seed)
+        target = TableLM(probability_table(self.V, self.target_order, self.zeros, g))
+        if self.draft == "target":
+            return target, target
+        table = probability_table(self.V, self.draft_order, self.zeros, g)
+        if self.draft == "uniform":
+            table = torch.full_like(table, 1.0 / self.V)
+        elif self.draft == "point":
+            table = torch.nn.functional.one_hot(table.argmax(-1), self.V).double()
+        return target, TableLM(table)
+
+
+@st.composite
+def speculative_cases(draw: st.DrawFn, max_gamma: int = 4, max_T: int = 4) -> SpeculativeCase:
+    V = draw(st.integers(2, 6))
+    T = draw(st.integers(1, min(max_T, 3 if V > 4 else 4)))  # at most 6^3 output sequences: enumeration < 1 s
+    return SpeculativeCase(
+        V=V, target_order=draw(st.integers(0, 2)), draft=draw(st.sampled_from(["table", "target", "uniform", "point"])),
+        draft_order=draw(st.integers(0, 2)), zeros=draw(st.sampled_from([0.0, 0.3, 0.6])),
+        gamma=draw(st.integers(1, max_gamma)), T=T,
+        prompt=tuple(draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=3))),
+        eos=draw(st.one_of(st.none(), st.integers(0, V - 1))), seed=draw(seeds),
+    )
+
+
+@dataclass(frozen=True)
+class ContextFreePair:
+    """Context-free target p and draft q (order-0 tables): acceptance a = sum(min(p, q)) every round."""
+
+    V: int
+    zeros: float
+    gamma: int
+    seed: int
+
+    def models(self):
+        from harness.lm import TableLM
+
+        g = generator(self.seed)
+        return TableLM(probability_table(self.V, 0, self.zeros, g)), TableLM(probability_table(self.V, 0, self.zeros, g))
+
+
+@st.composite
+def context_free_pairs(draw: st.DrawFn) -> ContextFreePair:
+    gamma = draw(st.integers(1, 4))
+    V = draw(st.integers(2, {1: 6, 2: 6, 3: 5, 4: 4}[gamma]))  # at most 5^3 draft sequences per round
+    return ContextFreePair(V=V, zeros=draw(st.sampled_from([0.0, 0.3])), gamma=gamma, seed=draw(seeds))
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpointing (impls/checkpointing/tanh_stack.py)
+@dataclass(frozen=True)
+class TanhStackCase:
+    L: int  # layers
+    k: int  # layers per checkpointed segment, 1..L
+    batch: int
+    width: int
+    dtype: str
+    seed: int
+
+    def tensors(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """(h0, weights, dh_out); weights scaled by 1/sqrt(width) so tanh neither saturates nor vanishes."""
+        g, dt = generator(self.seed), dtype_of(self.dtype)
+        h0 = torch.randn(self.batch, self.width, generator=g, dtype=torch.float64)
+        weights = [torch.randn(self.width, self.width, generator=g, dtype=torch.float64) / self.width ** 0.5
+                   for _ in range(self.L)]
+        dh_out = torch.randn(self.batch, self.width, generator=g, dtype=torch.float64)
+        return h0.to(dt), [w.to(dt) for w in weights], dh_out.to(dt)
+
+
+@st.composite
+def tanh_stack_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64", "float32"), max_layers: int = 32
+                     ) -> TanhStackCase:
+    L = draw(st.integers(1, max_layers))
+    return TanhStackCase(L=L, k=draw(st.integers(1, L)), batch=draw(st.integers(1, 4)),
+                         width=draw(st.integers(1, 16)), dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds))
+
+
+# ---------------------------------------------------------------------------------------------
+# kvcache (harness/contracts/kvcache.py): tiny random GPTs and ragged prompts, all from a drawn seed
+@dataclass(frozen=True)
+class DecodeCase:
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    positions: str  # "rotary" | "learned"
+    vocab: int
+    prompts: tuple[tuple[int, ...], ...]  # B prompts, ragged
+    steps: tuple[tuple[int, ...], ...]  # decode steps, each B tokens
+    max_len: int
+    dtype: str
+    seed: int
+
+    def config(self, n_kv_head: int | None = None):
+        from harness.models.gpt import GPTConfig
+
+        return GPTConfig(vocab_size=self.vocab, block_size=32, n_layer=self.n_layer, n_head=self.n_head,
+                         n_kv_head=n_kv_head or self.n_kv_head, n_embd=self.n_head * self.head_dim,
+                         positions=self.positions)
+
+    def model(self):
+        """A GPT with weights drawn from the seed (independent of torch's global RNG), in self.dtype."""
+        from harness.models.gpt import GPT
+
+        model, g = GPT(self.config()).double().eval(), generator(self.seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+                if name.endswith("weight") and p.dim() == 2 and not name.startswith(("wte", "wpe")):
+                    p.copy_(noise / p.shape[1] ** 0.5)  # fan-in scaled: activations stay O(1)
+                elif "ln" in name and name.endswith("weight"):
+                    p.copy_(1 + 0.1 * noise)
+                else:
+                    p.copy_(noise if name.startswith(("wte", "wpe")) else 0.1 * noise)
+        return model.to(dtype_of(self.dtype))
+
+    def prompt_tensors(self) -> list[torch.Tensor]:
+        return [torch.tensor(p, dtype=torch.long) for p in self.prompts]
+
+    def step_tensors(self) -> list[torch.Tensor]:
+        return [torch.tensor(s, dtype=torch.long) for s in self.steps]
+
+    def sequences(self) -> list[torch.Tensor]:
+        """Each row's whole token sequence: its prompt, then its stepped tokens."""
+        return [torch.tensor([*p, *(s[b] for s in self.steps)], dtype=torch.long) for b, p in enumerate(self.prompts)]
+
+
+@st.composite
+def decode_cases(
+    draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), batch: tuple[int, int] = (1, 3), ragged: bool = True,
+    max_prompt: int = 6, max_steps: int = 4, gqa: bool = False, spare: st.SearchStrategy[int] | None = None,
+) -> DecodeCase:
+    """``gqa``: at least 2 kv heads shared by groups of at least 2 query heads (where a head mapping shows)."""
+    n_kv_head = draw(st.integers(2, 3) if gqa else st.integers(1, 2))
+    n_head = n_kv_head * draw(st.sampled_from([2] if gqa else [1, 2]))
+    vocab, B = draw(st.integers(3, 17)), draw(st.integers(*batch))
+    tokens = st.integers(0, vocab - 1)
+    if ragged:
+        lengths = [draw(st.integers(1, max_prompt)) for _ in range(B)]
+    else:
+        lengths = [draw(st.integers(1, max_prompt))] * B
+    n_steps = draw(st.integers(0, max_steps))
+    spare_slots = draw(spare if spare is not None else st.integers(0, 3))
+    return DecodeCase(
+        n_layer=draw(st.integers(1, 3)), n_head=n_head, n_kv_head=n_kv_head,
+        head_dim=draw(st.sampled_from([2, 4, 8])), positions=draw(st.sampled_from(["rotary", "learned"])),
+        vocab=vocab, prompts=tuple(tuple(draw(st.lists(tokens, min_size=n, max_size=n))) for n in lengths),
+        steps=tuple(tuple(draw(st.lists(tokens, min_size=B, max_size=B))) for _ in range(n_steps)),
+        max_len=min(32, max(lengths) + n_steps + spare_slots), dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(seeds),
+    )

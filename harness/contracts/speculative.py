@@ -84,7 +84,9 @@ class validated:  # noqa: N801 - used like a function: validated(target, "target
 
     def __call__(self, prefixes, n=1):
         p = self.lm(prefixes, n)
-        check_distribution(p, self.name)
+        if not getattr(p, "checked_distribution", False):  # the enumerator's memoized rows are checked once
+            check_distribution(p, self.name)
+            p.checked_distribution = True
         return p
 
 

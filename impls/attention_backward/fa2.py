@@ -47,7 +47,7 @@ def fa2_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, Br=
     return dq.to(q.dtype).reshape(B, H, Nq, d), dk, dv  # (B, H, Nq, d), (B, Hkv, Nk, d) x 2
 
 
-for _Br, _Bc in ((64, 64), (128, 128), (48, 80), (17, 33)):
+for _Br, _Bc in ((64, 64), (48, 80), (17, 33)):
     register(
         "attention_backward", f"fa2_{_Br}x{_Bc}", devices=("cpu", "cuda"),
         cite="Dao 2023, FlashAttention-2, Algorithm 2", caps={"Br": _Br, "Bc": _Bc, "tiled": True},

@@ -33,7 +33,7 @@ def quantize_absmax(w: torch.Tensor, bits: int = 8, granularity: str = "channel"
     return Quantized(q.reshape(rows, cols).to(torch.int8), s)
 
 
-@register("quantization", "absmax", devices=("cpu", "cuda"), dtypes=("float64", "float32", "bfloat16", "float16"),
+@register("quantization", "absmax", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
           exact=False, cite="Dettmers et al. 2022, LLM.int8(), section 2", caps={"symmetric": True})
 def absmax(w, *, bits, granularity="channel", group_size=None):
     return quantize_absmax(w, bits, granularity, group_size)

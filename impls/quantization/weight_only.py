@@ -18,7 +18,7 @@ def weight_only_linear(x, w, *, bits=8, calib=None, granularity="channel", group
     return x @ w_hat.to(x.dtype).T  # (..., out)
 
 
-DTYPES = ("float64", "float32", "bfloat16", "float16")
+DTYPES = ("float64", "float32")
 register("quantized_linear", "weight_only_channel", devices=("cpu", "cuda"), dtypes=DTYPES, exact=False,
          cite="Frantar et al. 2023, GPTQ, section 2 (RTN)", caps={"weight": "channel"})(
     lambda x, w, *, bits=8, calib=None: weight_only_linear(x, w, bits=bits, calib=calib))

@@ -8,7 +8,8 @@ from harness.contracts.speculative import Generation, Round, check_inputs, valid
 from harness.registry import register
 
 
-@register("speculative", "autoregressive", cite="the definition of sampling", caps={"draft": False})
+@register("speculative", "autoregressive", dtypes=("float64",),
+          cite="the definition of sampling", caps={"draft": False})
 def autoregressive(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
     target = validated(target, "target")

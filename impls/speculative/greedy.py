@@ -9,7 +9,8 @@ from harness.contracts.speculative import Generation, Round, check_inputs, valid
 from harness.registry import register
 
 
-@register("speculative", "greedy", cite="Leviathan et al. 2023, section 2.3 (temperature 0)", caps={"greedy": True})
+@register("speculative", "greedy", dtypes=("float64",),
+          cite="Leviathan et al. 2023, section 2.3 (temperature 0)", caps={"greedy": True})
 def greedy(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
     target, draft = validated(target, "target"), validated(draft, "draft")

@@ -18,7 +18,8 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / r.sum()
 
 
-@register("speculative", "standard", cite="Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2")
+@register("speculative", "standard", dtypes=("float64",),
+          cite="Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2")
 def speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
     target, draft = validated(target, "target"), validated(draft, "draft")

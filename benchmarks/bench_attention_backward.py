@@ -1,0 +1,53 @@
+"""Attention backward: forward+backward time vs N, and the peak memory of the backward alone.
+
+Every backward gets (o, L) from the same FlashAttention-2 forward (fa2_lse_64x64, which returns L),
+so time differences between implementations are differences of their backwards.  Peak memory: on
+CUDA the allocator's max_memory_allocated over the call; on CPU (no allocator statistics) the peak
+of live tensor bytes allocated by the call's aten ops (harness.memory.TensorMemory), which counts
+every materialized (Nq, Nk) matrix.  B=1, H=8, d=64, fp32, not causal; the oracle is left out.
+"""
+
+import torch
+
+from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl, sync
+
+IMPLS = [n for n in impl_names("attention_backward") if n != "reference"]
+LENGTHS = [128, 512, 2048]  # 4096 doubles the naive backward's 4 x (8 x N x N) fp32 matrices to 2 GiB
+
+
+class AttentionBackward:
+    params = [IMPLS, DEVICES, LENGTHS]
+    param_names = ["impl", "device", "N"]
+    timeout = 600
+
+    def setup(self, impl, device, N):
+        self.device = resolve_device(device)
+        self.backward = resolve_impl("attention_backward", impl, self.device).fn
+        self.forward = resolve_impl("attention", "fa2_lse_64x64", self.device).fn
+        g = torch.Generator().manual_seed(0)
+        self.q, self.k, self.v, self.do = (torch.randn(1, 8, N, 64, generator=g).to(self.device) for _ in range(4))
+        self.o, self.lse = self.forward(self.q, self.k, self.v, return_lse=True)
+
+    def time_forward_backward(self, impl, device, N):
+        o, lse = self.forward(self.q, self.k, self.v, return_lse=True)
+        self.backward(self.q, self.k, self.v, o, lse, self.do)
+        sync(self.device)
+
+    def track_backward_peak_memory(self, impl, device, N):
+        """Peak bytes allocated by one backward call beyond its inputs (lower is better)."""
+        args = (self.q, self.k, self.v, self.o, self.lse, self.do)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            grads = self.backward(*args)
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - before
+        from harness.memory import TensorMemory
+
+        with TensorMemory() as mem:
+            grads = self.backward(*args)
+        del grads
+        return mem.peak
+
+    track_backward_peak_memory.unit = "bytes"

@@ -1,0 +1,51 @@
+"""Peak bytes of the tensors a call allocates, on any device (CPU has no allocator statistics).
+
+`TensorMemory` is a TorchDispatchMode: every aten op's output whose storage is new (not an input's,
+not already tracked) counts as an allocation of its storage's size, released when the last Python
+tensor on that storage dies.  This sees every tensor the call materializes -- the (Nq, Nk) score
+matrix of a naive backward is one of them -- but not allocator slack or a kernel's private workspace;
+on CUDA, `torch.cuda.max_memory_allocated` measures the same thing from the allocator.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class TensorMemory(TorchDispatchMode):
+    """``with TensorMemory() as mem: f()`` -> mem.peak (bytes live at once), mem.largest (one allocation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = self.largest = 0
+        self._storages: dict[int, list[int]] = {}  # storage data_ptr -> [nbytes, live tensors on it]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        inputs = {t.untyped_storage().data_ptr() for t in tensors_in}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in self._storages:
+                if ptr in inputs or ptr == 0:  # a view or in-place result of memory we did not see allocated
+                    continue
+                nbytes = t.untyped_storage().nbytes()
+                self._storages[ptr] = [nbytes, 0]
+                self.live += nbytes
+                self.peak, self.largest = max(self.peak, self.live), max(self.largest, nbytes)
+            self._storages[ptr][1] += 1
+            weakref.finalize(t, self._release, ptr)
+        return out
+
+    def _release(self, ptr: int) -> None:
+        entry = self._storages[ptr]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.live -= entry[0]
+            del self._storages[ptr]

@@ -1,0 +1,4 @@
+"""Serving simulator: continuous batching under reserve-max, oracle-contiguous and paged memory policies.
+
+``python -m harness.simulator`` prints both canned scenarios side by side with the seeds' numbers.
+"""

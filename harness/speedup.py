@@ -1,0 +1,41 @@
+"""Speculative decoding's expected gains (Leviathan et al. 2023, section 3).
+
+With acceptance rate a = sum_x min(p(x), q(x)) (the same every round), gamma draft tokens per round and a
+draft step costing c target steps:
+
+    tokens per target call  E = (1 - a^(gamma+1)) / (1 - a) = 1 + a + ... + a^gamma     (their eq. 1)
+    speedup                 E / (1 + gamma c)                                            (their Thm 3.8)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Mean over rows of sum(min(p, q)): 1 - the total variation distance between p and q."""
+    return float(torch.minimum(p, q).sum(-1).mean())
+
+
+def tokens_per_call(a: float, gamma: int) -> float:
+    """1 + a + ... + a^gamma: equal to (1 - a^(gamma+1)) / (1 - a) and finite at a = 1."""
+    return sum(a**i for i in range(gamma + 1))
+
+
+def speedup(a: float, gamma: int, c: float) -> float:
+    return tokens_per_call(a, gamma) / (1 + gamma * c)
+
+
+def best_gamma(a: float, c: float, max_gamma: int = 64) -> tuple[int, float]:
+    """The gamma in 1..max_gamma with the largest expected speedup, and that speedup."""
+    return max(((g, speedup(a, g, c)) for g in range(1, max_gamma + 1)), key=lambda gs: gs[1])
+
+
+if __name__ == "__main__":
+    import sys
+
+    a, c = float(sys.argv[1]), float(sys.argv[2])
+    for g in range(1, 11):
+        print(f"gamma={g:2d}  tokens/call={tokens_per_call(a, g):.2f}  speedup={speedup(a, g, c):.2f}x")
+    g, s = best_gamma(a, c)
+    print(f"best gamma {g}: {s:.2f}x")

@@ -1,0 +1,1 @@
+"""Activation checkpointing (gradient checkpointing) on a toy layer stack."""

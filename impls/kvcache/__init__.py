@@ -1,0 +1,1 @@
+"""KV-cache decoders (contract: harness/contracts/kvcache.py)."""

@@ -1,0 +1,93 @@
+"""Known-wrong KV caches, each modelled on a real bug and otherwise identical to a correct layout.
+
+The properties must kill every one, for the reason named in ``killed_by``.
+"""
+
+import torch
+
+from harness.contracts.kvcache import masked_attention
+from harness.registry import register
+from impls.kvcache.concat import ConcatDecoder
+from impls.kvcache.static import StaticDecoder
+
+
+class PositionsRestart(StaticDecoder):
+    """Decode positions counted from the end of the prompt (a per-call arange), not from the sequence start."""
+
+    def next_positions(self):
+        return self.lengths[:, None] - self.prompt_lengths[:, None]  # (B, 1)
+
+    def prefill(self, prompts):
+        self.prompt_lengths = torch.tensor([len(p) for p in prompts])
+        return super().prefill(prompts)
+
+
+class WritesOneSlotLate(StaticDecoder):
+    """The decoded token is written at position + 1 (an off-by-one in the write index), leaving a hole."""
+
+    def write(self, layer, k, v):
+        shift = int(self.positions.shape[1] == 1)  # decode steps only
+        late = (self.positions + shift).clamp(max=self.max_len - 1)  # (B, T)
+        self.cache[layer, 0, self.rows, late] = k.transpose(1, 2)
+        self.cache[layer, 1, self.rows, late] = v.transpose(1, 2)
+
+
+class AppendsTwice(ConcatDecoder):
+    """Each decode step's keys/values are appended twice (an update called from two code paths)."""
+
+    def append(self, layer, k, v):
+        if layer in self.cache and self.positions.shape[1] == 1:
+            super().append(layer, k, v)
+        return super().append(layer, k, v)
+
+
+def modulo_gqa_attention(q, k, v, visible):
+    """masked_attention with query head h reading kv head h % Hkv instead of h // (H // Hkv)."""
+    B, H, T, d = q.shape
+    Hkv = k.shape[1]
+    grouped = q.reshape(B, H // Hkv, Hkv, T, d).transpose(1, 2)  # (B, Hkv, G, T, d): head g * Hkv + j -> j
+    out = masked_attention(grouped.reshape(B, H, T, d), k, v, visible)  # (B, H, T, d) in (j, g) order
+    return out.reshape(B, Hkv, H // Hkv, T, d).transpose(1, 2).reshape(B, H, T, d)  # back to head order
+
+
+class ModuloGQA(StaticDecoder):
+    def attend(self, layer, q, k, v):
+        self.write(layer, k, v)
+        K, V = self.cache[layer].transpose(2, 3)  # (B, Hkv, S, d)
+        return modulo_gqa_attention(q, K, V, self.visible())
+
+
+class MaskIgnoresCacheLength(StaticDecoder):
+    """Every sequence of the batch attends up to the longest sequence's position (a batch-wide length)."""
+
+    def visible(self):
+        longest = self.positions.max(dim=0, keepdim=True).values  # (1, T)
+        slots = torch.arange(self.max_len)
+        return (slots[None, None, :] <= longest[:, :, None]).expand(self.positions.shape[0], -1, -1)  # (B, T, S)
+
+
+class ReadsUnwrittenSlots(StaticDecoder):
+    """Decode steps attend over the whole preallocated cache, unused slots included."""
+
+    def visible(self):
+        if self.positions.shape[1] > 1:
+            return super().visible()
+        return torch.ones(self.positions.shape[0], 1, self.max_len, dtype=torch.bool)  # (B, 1, S)
+
+
+MUTANTS = {
+    "positions_restart": (PositionsRestart, "decode positions restart at 0 after the prompt",
+                          "prefill_then_steps_equal_forward"),
+    "write_one_slot_late": (WritesOneSlotLate, "the new token is written one slot late, leaving a hole",
+                            "prefill_then_steps_equal_forward"),
+    "appends_twice": (AppendsTwice, "each decode step appends its keys/values to the cache twice",
+                      "prefill_then_steps_equal_forward"),
+    "gqa_modulo": (ModuloGQA, "GQA maps query head h to kv head h % Hkv instead of h // (H / Hkv)",
+                   "gqa_equals_mha_with_repeated_kv"),
+    "mask_ignores_cache_length": (MaskIgnoresCacheLength, "the mask uses the batch's longest length, "
+                                  "not each sequence's own", "ragged_batch_equals_alone"),
+    "reads_unwritten_slots": (ReadsUnwrittenSlots, "decode attends over every preallocated slot",
+                              "unused_slots_never_leak"),
+}
+for _name, (_cls, _bug, _killer) in MUTANTS.items():
+    register("kvcache", f"mutant_{_name}", dtypes=("float64", "float32"), mutant=True, bug=_bug, killed_by=(_killer,))(_cls)

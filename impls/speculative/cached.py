@@ -1,0 +1,49 @@
+"""Speculative sampling with KV caches kept across rounds (Leviathan et al. 2023, Algorithm 1).
+
+The target and the draft each keep one session (`harness.lm.session`: a KV cache for real models).
+Verifying k draft tokens is one cached target step over the tokens it has not seen (the last emitted
+token and the k drafts); rejected positions are rolled back by truncating the caches, never recomputed.
+Invariant: the same accept/resample rule as `standard`, so the output distribution is the target's.
+"""
+
+from harness.contracts.speculative import Generation, Round, check_inputs
+from harness.lm import check_distribution, session
+from harness.registry import register
+from impls.speculative.standard import residual
+
+
+def checked(p, name):
+    check_distribution(p, name)
+    return p
+
+
+@register("speculative", "cached", dtypes=("float64",),
+          cite="Leviathan et al. 2023, Algorithm 1, with KV caches rolled back")
+def cached(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+    check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
+    ts, ds = session(target), session(draft)
+    out, rounds = [], []
+    while len(out) < max_new_tokens and (not out or out[-1] != eos):
+        ctx = [*prompt, *out]
+        k = min(gamma, max_new_tokens - len(out) - 1)
+        xs, qs = [], []
+        if k:
+            q = checked(ds.extend(ctx[ds.length :])[-1], "draft")  # (V,)
+        for i in range(k):
+            xs.append(int(rng.categorical(q)))
+            qs.append(q)
+            if i < k - 1:
+                q = checked(ds.extend(xs[-1:])[-1], "draft")
+        p = checked(ts.extend(ctx[ts.length :] + xs)[-(k + 1) :], "target")  # (k + 1, V), one cached step
+        n = 0
+        while n < k and bool(rng.bernoulli((p[n, xs[n]] / qs[n][xs[n]]).clamp(max=1.0))):
+            n += 1
+        last = int(rng.categorical(residual(p[n], qs[n]) if n < k else p[k]))
+        ts.rollback(len(ctx) + n)  # keep the context and the accepted drafts; `last` is fed next round
+        ds.rollback(min(ds.length, len(ctx) + n))
+        new = [*xs[:n], last]
+        if eos in new:
+            new = new[: new.index(eos) + 1]
+        out += new
+        rounds.append(Round(drafted=k, accepted=n, target_calls=1))
+    return Generation(out, rounds)

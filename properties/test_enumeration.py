@@ -1,0 +1,103 @@
+"""Laws of the exact enumerator (harness/enumeration.py) and of the randomness protocol (harness/lm.py).
+
+The enumerator is the judge of every exactness property, so it is tested on its own: against hand-computed
+distributions, merged rounds against run-by-run enumeration, and on the batched sampler's joint output.
+"""
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.enumeration import ReplayRng, exact_distribution, explore, max_difference
+from harness.lm import Counted, TableLM, Tempered, TorchRng
+from harness.references import autoregressive_distribution
+from harness.strategies import speculative_cases
+from harness.tolerance import FLOAT64_IDENTITY
+from impls.speculative.batched import speculative_batched
+from impls.speculative.standard import speculative
+
+
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(2, 5))
+def test_explore_visits_every_branch_once_with_its_probability(seed, V):
+    """Two categorical draws and a Bernoulli: every branch once, P = p(x) q_x(y) b(x, y)."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(V, generator=g, dtype=torch.float64)
+    p[0] = 0.0  # a zero-probability branch must never be visited
+    p /= p.sum()
+    q = torch.rand(V, V, generator=g, dtype=torch.float64)
+    q /= q.sum(-1, keepdim=True)
+    b = torch.rand(V, V, generator=g, dtype=torch.float64)
+
+    def run(rng):
+        x = int(rng.categorical(p))
+        y = int(rng.categorical(q[x]))
+        return x, y, bool(rng.bernoulli(b[x, y]))
+
+    seen = list(explore(run))
+    outcomes = [o for o, _ in seen]
+    assert len(outcomes) == len(set(outcomes)) == (V - 1) * V * 2, "a branch was visited twice or missed"
+    for (x, y, z), prob in seen:
+        expected = p[x] * q[x, y] * (b[x, y] if z else 1 - b[x, y])
+        assert abs(prob - float(expected)) <= FLOAT64_IDENTITY
+    assert abs(sum(prob for _, prob in seen) - 1) <= FLOAT64_IDENTITY
+
+
+@given(case=speculative_cases(max_T=3))
+def test_merged_rounds_equal_run_by_run_enumeration(case):
+    """Cutting runs at round boundaries and memoizing the rest changes nothing (standard sampler)."""
+    target, draft = case.models()
+    kw = dict(gamma=case.gamma, T=case.T, eos=case.eos)
+    merged = exact_distribution(speculative, target, draft, list(case.prompt), merge=True, **kw)
+    whole = exact_distribution(speculative, target, draft, list(case.prompt), merge=False, **kw)
+    err, where = max_difference(merged.dist, whole.dist)
+    assert err <= FLOAT64_IDENTITY, f"merged and run-by-run enumerations differ at {where} by {err:.3g}"
+    assert merged.mass_error <= FLOAT64_IDENTITY and whole.mass_error <= FLOAT64_IDENTITY
+
+
+@given(case=speculative_cases(max_gamma=2, max_T=2), other=st.lists(st.integers(0, 1), min_size=1, max_size=2))
+def test_batched_rows_are_independent_and_exact(case, other):
+    """Two sequences with different prompts in one batch: the joint output is the product of the targets'."""
+    target, draft = case.models()
+    prompts = [list(case.prompt), other]
+
+    def run(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+        outs = speculative_batched(target, draft, prompts, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng,
+                                   eos=eos)
+        return [a * target.vocab_size + b for a, b in itertools.zip_longest(
+            outs[0].tokens, outs[1].tokens, fillvalue=target.vocab_size)]  # one id per pair, readable by the check
+
+    V = case.V
+    wide = TableLM(torch.zeros(V * (V + 1)))  # only its vocabulary size is read by the output check
+    got = exact_distribution(lambda t, d, p, **kw: run(target, draft, p, **kw), wide, None, prompts[0],
+                             gamma=case.gamma, T=case.T, eos=case.eos, merge=False).dist
+    first = autoregressive_distribution(target, prompts[0], case.T, case.eos)
+    second = autoregressive_distribution(target, prompts[1], case.T, case.eos)
+    for (a, pa), (b, pb) in itertools.product(first.items(), second.items()):
+        key = tuple(x * V + y for x, y in itertools.zip_longest(a, b, fillvalue=V))
+        assert abs(got.get(key, 0.0) - pa * pb) <= FLOAT64_IDENTITY, f"P(row 0 = {a}, row 1 = {b}) is wrong"
+    assert abs(sum(got.values()) - 1) <= FLOAT64_IDENTITY
+
+
+@pytest.mark.parametrize("rng", [TorchRng(0), ReplayRng([], [])], ids=["torch", "replay"])
+def test_rng_rejects_bad_probabilities(rng):
+    for bad in ([0.5, 0.6], [-0.5, 1.5], [float("nan"), 1.0]):
+        with pytest.raises(ValueError, match="rng.categorical"):
+            rng.categorical(torch.tensor(bad, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rng.bernoulli"):
+        rng.bernoulli(torch.tensor(1.5, dtype=torch.float64))
+
+
+@given(case=speculative_cases(max_T=3), temperature=st.sampled_from([0.5, 1.0, 2.0]))
+def test_temperature_is_applied_before_the_sampler(case, temperature):
+    """Sampling from Tempered models gives the tempered target's distribution; each distinct prefix reaches
+    the models once (the memo), and Counted sees exactly those calls."""
+    target, draft = case.models()
+    hot_target, hot_draft = Counted(Tempered(target, temperature)), Counted(Tempered(draft, temperature))
+    got = exact_distribution(speculative, hot_target, hot_draft, list(case.prompt), gamma=case.gamma, T=case.T,
+                             eos=case.eos)
+    truth = autoregressive_distribution(Tempered(target, temperature), case.prompt, case.T, case.eos)
+    assert max_difference(got.dist, truth)[0] <= FLOAT64_IDENTITY
+    assert hot_target.calls + hot_draft.calls == got.model_calls, "memoized calls miscounted"

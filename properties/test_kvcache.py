@@ -1,0 +1,142 @@
+"""Properties of KV-cache decoding (contract: harness/contracts/kvcache.py).
+
+On tiny random GPTs (1-3 layers, MHA/GQA, learned/rotary positions) and ragged prompts drawn by
+Hypothesis: decoding with a cache gives the logits of the full forward pass at every split between
+prefill and steps, samples the same tokens as recomputation, treats each sequence of a batch as if it
+were alone, never lets unused (NaN-filled) slots reach an output, and computes GQA exactly as MHA with
+repeated kv heads.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.contracts import kvcache as contract
+from harness.references import gpt_logits64, gpt_logits_plain
+from harness.registry import get
+from harness.runner import applies
+from harness.strategies import DecodeCase, decode_cases
+from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
+
+TECHNIQUE = "kvcache"
+
+
+def exact_only(impl):
+    return None if impl.exact else "approximate: checked against its own tolerance, not sample by sample"
+
+
+def draw(data, impl, **kw) -> DecodeCase:
+    return data.draw(decode_cases(dtypes=impl.dtypes, **kw), label="case")
+
+
+def decode(impl, model, case: DecodeCase, prompts=None, steps=None) -> list[torch.Tensor]:
+    """Logits (B, V) after prefill, then after every step."""
+    prompts = case.prompt_tensors() if prompts is None else prompts
+    steps = case.step_tensors() if steps is None else steps
+    decoder = contract.make(impl, model, case.max_len)
+    out = [contract.prefill(impl, decoder, model, prompts)]
+    return out + [contract.step(impl, decoder, model, tokens) for tokens in steps]
+
+
+def assert_matches_forward(impl, model, case: DecodeCase, seq: torch.Tensor, got: torch.Tensor, first: int, what):
+    """got (n, V) are the logits at positions first.. of seq; compare with the full forward pass."""
+    kind = "forward" if impl.exact else "kv_int8"
+    truth = gpt_logits64(model, seq)[first:]
+    plains = gpt_logits_plain(model, seq) if impl.exact else [gpt_logits64(model, seq, kv_bits=8)]
+    assert_earned(got, truth, [p[first:] for p in plains], dtype_of(case.dtype), what=what, kind=kind)
+
+
+@given(data=st.data())
+def test_prefill_then_steps_equal_forward(impl, data):
+    """For every split k: prefill(seq[:k]) then steps over seq[k:] give the full forward's logits."""
+    case = draw(data, impl, ragged=False, batch=(1, 2), max_prompt=7)
+    model, seqs = case.model(), case.sequences()
+    n = len(seqs[0])
+    for k in range(1, n + 1):
+        prompts = [s[:k] for s in seqs]
+        steps = [torch.stack([s[t] for s in seqs]) for t in range(k, n)]
+        logits = torch.stack(decode(impl, model, case, prompts, steps), dim=1)  # (B, n - k + 1, V)
+        for b, seq in enumerate(seqs):
+            assert_matches_forward(impl, model, case, seq, logits[b], k - 1,
+                                   what=f"{impl.name}: row {b}, prefill {k} of {n} tokens")
+
+
+@given(data=st.data())
+def test_unused_slots_never_leak(impl, data):
+    """With far more capacity than used (max_len up to the block size), the logits stay finite and exact."""
+    case = draw(data, impl, spare=st.integers(8, 32))
+    model = case.model()
+    logits = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V), finite (checked by the call)
+    for b, seq in enumerate(case.sequences()):
+        first = len(case.prompts[b]) - 1
+        assert_matches_forward(impl, model, case, seq, logits[b], first, what=f"{impl.name}: row {b}")
+
+
+@given(data=st.data())
+def test_ragged_batch_equals_alone(impl, data):
+    """Row b of a batch of ragged prompts decodes exactly as sequence b decoded on its own (float64)."""
+    case = draw(data, impl, batch=(2, 3), dtypes=("float64",))
+    model = case.model()
+    together = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V)
+    for b, prompt in enumerate(case.prompt_tensors()):
+        alone = torch.stack(decode(impl, model, case, [prompt], [s[b : b + 1] for s in case.step_tensors()]), 1)[0]
+        err = (together[b] - alone).abs().max().item()
+        assert err <= FLOAT64_IDENTITY * max(1.0, alone.abs().max().item()), (
+            f"{impl.name}: row {b} (prompt of {len(prompt)} of lengths {[len(p) for p in case.prompts]}) "
+            f"differs from decoding it alone by {err:.3g}")
+
+
+@applies(exact_only)
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_sampling_matches_recompute(impl, data, seed):
+    """Sampling with the same seed draws the same tokens as the recompute oracle (float64 models)."""
+    case = draw(data, impl, dtypes=("float64",), max_steps=0, spare=st.integers(1, 6))
+    model, oracle = case.model(), get("kvcache", "recompute")
+    runs = []
+    for who in (impl, oracle):
+        decoder, gen = contract.make(who, model, case.max_len), torch.Generator().manual_seed(seed)
+        logits, drawn = contract.prefill(who, decoder, model, case.prompt_tensors()), []
+        for _ in range(case.max_len - max(len(p) for p in case.prompts)):
+            drawn.append(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen)[:, 0])  # (B,)
+            logits = contract.step(who, decoder, model, drawn[-1])
+        runs.append(torch.stack(drawn).T.tolist() if drawn else [])
+    assert runs[0] == runs[1], f"{impl.name} sampled {runs[0]}, recompute sampled {runs[1]}"
+
+
+@given(data=st.data())
+def test_gqa_equals_mha_with_repeated_kv(impl, data):
+    """A GQA model decodes exactly as the MHA model whose kv heads are its own, each repeated per group."""
+    case = draw(data, impl, gqa=True, dtypes=("float64",))
+    gqa = case.model()
+    mha = type(gqa)(case.config(n_kv_head=case.n_head)).double().eval()
+    state = gqa.state_dict()
+    G, d = case.n_head // case.n_kv_head, case.head_dim
+    for key, w in state.items():
+        if key.endswith("attn.kv.weight"):  # (2 * Hkv * d, D) -> (2 * H * d, D): head j copied to j*G .. j*G+G-1
+            state[key] = w.view(2, case.n_kv_head, d, -1).repeat_interleave(G, dim=1).reshape(2 * case.n_head * d, -1)
+    mha.load_state_dict(state)
+    got, want = (torch.stack(decode(impl, m, case), dim=1) for m in (gqa, mha))
+    err = (got - want).abs().max().item()
+    assert err <= FLOAT64_IDENTITY * max(1.0, want.abs().max().item()), f"{impl.name}: GQA vs MHA differ by {err:.3g}"
+
+
+def test_bad_input_is_rejected(impl):
+    """Empty/2-D/too-long prompts, out-of-vocabulary ids, step before prefill and past max_len raise ValueError."""
+    case = DecodeCase(n_layer=1, n_head=2, n_kv_head=1, head_dim=2, positions="rotary", vocab=5,
+                      prompts=((1, 2),), steps=(), max_len=3, dtype="float64", seed=0)
+    model = case.model()
+    with pytest.raises(ValueError, match="max_len"):
+        impl.fn(model, 33)
+    decoder = impl.fn(model, case.max_len)
+    with pytest.raises(ValueError, match="prefill"):
+        decoder.step(torch.tensor([1]))
+    for bad in ([], [torch.tensor([[1, 2]])], [torch.tensor([1, 2, 3, 4])], [torch.tensor([9])], [torch.tensor([])]):
+        with pytest.raises(ValueError, match="prompts"):
+            decoder.prefill(bad)
+    decoder.prefill([torch.tensor([1, 2])])
+    with pytest.raises(ValueError, match="tokens"):
+        decoder.step(torch.tensor([1, 2]))
+    decoder.step(torch.tensor([3]))
+    with pytest.raises(ValueError, match="max_len"):
+        decoder.step(torch.tensor([3]))

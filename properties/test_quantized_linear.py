@@ -1,0 +1,173 @@
+"""Properties of quantized linear layers (contract: harness/contracts/quantized_linear.py).
+
+Two kinds of claims: (1) exactness of the arithmetic -- an implementation computes its declared
+scheme's dequantized product, `quantized_linear64`, up to float rounding (integer accumulation is
+exact); (2) the scheme's approximation -- |y - x @ w.T| stays inside the bound derived from its scales,
+`quantized_linear_error_bound`.  The SmoothQuant transform's laws (function preserved, channel
+ratio reduced) are tested on its building block at the end.
+"""
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.contracts.quantized_linear import Scheme, call
+from harness.devices import available, unavailable_reason
+from harness.guard import ContractViolation, guarded_call
+from harness.references import (
+    quantized_linear64,
+    quantized_linear_error_bound,
+    quantized_linear_plain,
+    smoothing_factors64,
+)
+from harness.runner import applies, needs_cap, needs_dtype
+from harness.strategies import LinearCase, linear_cases, outlier_batch_pairs, smoothing_cases
+from harness.tolerance import FLOAT64_IDENTITY, TOLERANCES, assert_earned
+from impls.quantization.smoothquant import smooth, smoothing_factors
+
+TECHNIQUE = "quantized_linear"
+
+
+def draw_case(data, impl, dtypes=None, **kw) -> LinearCase:
+    dtypes = tuple(d for d in impl.dtypes if d in (dtypes or ("float64", "float32"))) or impl.dtypes[:1]
+    return data.draw(linear_cases(dtypes=dtypes, devices=available(impl.devices),
+                                  multiple_of=impl.cap("group_size") or 1, **kw), label="case")
+
+
+def assert_matches_scheme(impl, case: LinearCase, what: str) -> torch.Tensor:
+    x, w, calib = case.tensors()
+    out = call(impl, x, w, bits=case.bits, calib=calib)
+    scheme = Scheme.of(impl)
+    truth = quantized_linear64(x, w, bits=case.bits, scheme=scheme, calib=calib)
+    plain = quantized_linear_plain(x, w, bits=case.bits, scheme=scheme, calib=calib)
+    assert_earned(out, truth, plain, torch.float64, what=f"{impl.name} {what}")
+    return out
+
+
+@applies(unavailable_reason)
+@needs_dtype("float64")
+@given(data=st.data())
+def test_matches_scheme_reference(impl, data):
+    """In float64 the output is the declared scheme's dequantized float computation, up to rounding:
+    integer accumulation (or its float64 emulation) loses nothing."""
+    assert_matches_scheme(impl, draw_case(data, impl, dtypes=("float64",)), "vs its scheme's float64 reference")
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_error_within_derived_bound(impl, data):
+    """|y - x @ w.T| <= sum_k |x_k| dw_k + dx_k |w_k| + dx_k dw_k, with d = step / 2 of the scheme's own
+    scales (outlier columns contribute nothing), plus the matmul's rounding in the input dtype."""
+    case = draw_case(data, impl)
+    x, w, calib = case.tensors()
+    out = call(impl, x, w, bits=case.bits, calib=calib).double()
+    exact = x.double() @ w.double().T  # (n, out)
+    tol = TOLERANCES[("quantized_matmul", x.dtype)]
+    bound = (tol.k * quantized_linear_error_bound(x, w, bits=case.bits, scheme=Scheme.of(impl), calib=calib)
+             + tol.floor * (x.double().abs() @ w.double().abs().T))
+    err = (out - exact).abs()
+    bad = err > bound
+    assert not bool(bad.any()), (f"{impl.name}: error {err[bad][0].item():.4g} exceeds the derived bound "
+                                 f"{bound[bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
+
+
+@applies(unavailable_reason)
+@needs_cap("outlier_threshold", "only LLM.int8()-style decompositions keep outlier columns in floating point")
+@needs_dtype("float64")
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_outlier_columns_exact(impl, data, seed):
+    """Changing the values in the outlier columns (keeping them outliers) changes the output by exactly
+    delta_x[:, O] @ w[:, O].T: those columns never pass through int8."""
+    case = draw_case(data, impl, dtypes=("float64",), min_outliers=1)
+    x, w, calib = case.tensors()
+    cols = list(case.outliers)
+    x2 = x.clone()
+    x2[:, cols] = x[:, cols] * (1 + torch.rand(len(cols), generator=torch.Generator().manual_seed(seed),
+                                               dtype=torch.float64))  # still above the threshold
+    y1, y2 = (call(impl, t, w, bits=case.bits, calib=calib) for t in (x, x2))
+    expected = (x2 - x)[:, cols] @ w[:, cols].T  # (n, out)
+    err = ((y2 - y1) - expected).abs().max().item()
+    bound = TOLERANCES[("forward", torch.float64)].floor * max(1.0, y1.abs().max().item(), y2.abs().max().item())
+    assert err <= bound, f"{impl.name}: outlier columns are not computed exactly: off by {err:.3g} > {bound:.3g}"
+
+
+@applies(unavailable_reason)
+@needs_cap("act", "weight-only layers compute no statistics of the activations that could go stale")
+@needs_dtype("float64")
+@given(data=st.data())
+def test_outliers_follow_each_batch(impl, data):
+    """Two batches whose outlier columns differ: each result is its own batch's scheme reference (no state,
+    such as outlier columns or scales, carries over from one call to the next)."""
+    first, second = data.draw(outlier_batch_pairs(dtypes=("float64",), devices=available(impl.devices),
+                                                  multiple_of=impl.cap("group_size") or 1), label="batches")
+    assert_matches_scheme(impl, first, "on the first batch")
+    assert_matches_scheme(impl, second, f"on a second batch (outliers {second.outliers}, first {first.outliers})")
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_all_zero_tokens_give_zeros(impl, data):
+    """All-zero tokens (padding) give exactly zero outputs, never NaN (`call` rejects non-finite outputs)."""
+    case = draw_case(data, impl, zero_tokens=True)
+    x, w, calib = case.tensors()
+    out = call(impl, x, w, bits=case.bits, calib=calib)
+    rows = out[: case.zero_tokens]
+    assert bool((rows == 0).all()), f"{impl.name}: zero tokens gave outputs up to {rows.abs().max().item():.3g}"
+
+
+BAD_INPUTS = {  # name -> (x, w, bits, argument the message must name)
+    "bits 1": (lambda: torch.randn(3, 8), lambda: torch.randn(4, 8), 1, "bits"),
+    "bits 9": (lambda: torch.randn(3, 8), lambda: torch.randn(4, 8), 9, "bits"),
+    "NaN weight": (lambda: torch.randn(3, 8), lambda: torch.full((4, 8), float("nan")), 8, "w"),
+    "NaN activation": (lambda: torch.full((3, 8), float("nan")), lambda: torch.randn(4, 8), 8, "x"),
+    "in-features mismatch": (lambda: torch.randn(3, 7), lambda: torch.randn(4, 8), 8, "x"),
+    "w not 2-d": (lambda: torch.randn(3, 8), lambda: torch.randn(8), 8, "w"),
+}
+
+
+@applies(unavailable_reason)
+def test_rejects_bad_input(impl):
+    """Bad bits, NaN weights or activations, mismatched shapes: a ValueError/TypeError naming the argument."""
+    for name, (make_x, make_w, bits, arg) in sorted(BAD_INPUTS.items()):
+        try:
+            guarded_call(impl.fn, make_x(), make_w(), bits=bits, calib=None, arg_names=("x", "w"))
+        except ContractViolation as exc:
+            cause = exc.__cause__
+            assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
+            assert f" {arg} " in f" {cause} ".replace("'", " ").replace(":", " ").replace(",", " "), (
+                f"{impl.name} ({name}): '{cause}' does not name {arg!r}")
+        else:
+            raise AssertionError(f"{impl.name} accepted bad input ({name}) instead of raising")
+
+
+# ---------------------------------------------------------------------------------------------
+# the SmoothQuant transform
+def channel_ratio(x: torch.Tensor) -> float:
+    """max over channels of max|X_j|, divided by the min over channels."""
+    m = x.abs().amax(dim=0)
+    return (m.max() / m.min()).item()
+
+
+@given(case=smoothing_cases())
+def test_smoothing_preserves_the_function(case):
+    """(x / s) @ (s * w).T = x @ w.T in float64 for any migration strength a in [0, 1]."""
+    x, w, alpha = case
+    s = smoothing_factors(x.abs().amax(dim=0), w, alpha)
+    assert torch.allclose(s, smoothing_factors64(x.abs().amax(dim=0), w, alpha), rtol=FLOAT64_IDENTITY, atol=0)
+    x_s, w_s = smooth(x, w, s)
+    err = (x_s @ w_s.T - x @ w.T).abs().max().item()
+    scale = max(1.0, (x.abs() @ w.abs().T).max().item())
+    assert err <= FLOAT64_IDENTITY * scale, f"smoothing with a = {alpha} changed x @ w.T by {err:.3g}"
+
+
+@given(case=smoothing_cases(min_alpha=0.25))
+def test_smoothing_reduces_the_channel_ratio(case):
+    """max|X'_j| = (max|X_j| max|W_j|)^(1-a), so with outlier channels >= 100 / 6 times the rest and weight
+    columns within 2x, the activations' max-over-channels ratio shrinks for a >= 1/4
+    ((2 R)^(1-a) < R once R > 2^((1-a)/a) = 8)."""
+    x, w, alpha = case
+    x_s, _ = smooth(x, w, smoothing_factors(x.abs().amax(dim=0), w, alpha))
+    law = (x.abs().amax(dim=0) * w.abs().amax(dim=0)) ** (1 - alpha)
+    assert torch.allclose(x_s.abs().amax(dim=0), law, rtol=FLOAT64_IDENTITY, atol=0), "smoothed channel ranges break the law"
+    before, after = channel_ratio(x), channel_ratio(x_s)
+    assert after < before, f"smoothing with a = {alpha:.3f} did not reduce the channel ratio: {before:.3g} -> {after:.3g}"

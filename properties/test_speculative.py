@@ -1,0 +1,216 @@
+"""Properties of speculative samplers (contract: harness/contracts/speculative.py).
+
+The central one is exactness: the distribution of the first T generated tokens, computed by visiting
+every branch of the sampler's randomness (harness/enumeration.py), equals the target's autoregressive
+distribution (harness/references.py) to FLOAT64_IDENTITY, for drawn targets and drafts of any shape.
+Samplers that draw their own randomness (caps={"rng": "own"}) cannot be enumerated: the exact
+properties skip them, saying so, and a chi-square goodness-of-fit test with a stated power applies.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.contracts.speculative import call
+from harness.enumeration import exact_distribution, first_round, max_difference
+from harness.guard import ContractViolation, guarded_call
+from harness.lm import TableLM, TorchRng
+from harness.references import autoregressive_distribution, greedy_tokens
+from harness.runner import applies
+from harness.speedup import acceptance_rate, best_gamma, speedup, tokens_per_call
+from harness.statistical import ALPHA, DELTA, POWER, goodness_of_fit, sample_size
+from harness.strategies import context_free_pairs, generator, probability_table, speculative_cases
+from harness.tolerance import FLOAT64_IDENTITY
+
+TECHNIQUE = "speculative"
+ENUMERATION_LIMIT_S = 60.0  # per enumerated case: a sampler that loops forever gets a verdict, not a hang
+
+
+def own_rng(impl):
+    return "draws its own randomness (caps rng='own'): not enumerable, checked by goodness_of_fit" if (
+        impl.cap("rng") == "own") else None
+
+
+def greedy(impl):
+    return "greedy: deterministic, checked by greedy_matches_target_greedy" if impl.cap("greedy") else None
+
+
+def no_draft(impl):
+    return "uses no draft (caps draft=False)" if impl.cap("draft") is False else None
+
+
+def enumerate_impl(impl, target, draft, prompt, *, gamma, T, eos=None, timeout_s=ENUMERATION_LIMIT_S):
+    return guarded_call(exact_distribution, impl.fn, target, draft, list(prompt), gamma=gamma, T=T, eos=eos,
+                        merge=impl.cap("markov", True), timeout_s=timeout_s)
+
+
+def assert_same_distribution(got: dict, truth: dict, what: str) -> None:
+    impossible = {k: v for k, v in got.items() if v > 0 and k not in truth}
+    assert not impossible, f"{what}: outputs the target never generates: {impossible}"
+    err, where = max_difference(got, truth)
+    assert err <= FLOAT64_IDENTITY, (f"{what}: P{where} = {got.get(where, 0.0)!r} but the target gives "
+                                     f"{truth.get(where, 0.0)!r} (off by {err:.3g})")
+
+
+@applies(own_rng)
+@applies(greedy)
+@given(data=st.data())
+def test_matches_target_distribution(impl, data):
+    """The enumerated distribution of the first T tokens equals the target's, whatever the draft."""
+    case = data.draw(speculative_cases(), label="case")
+    target, draft = case.models()
+    got = enumerate_impl(impl, target, draft, case.prompt, gamma=case.gamma, T=case.T, eos=case.eos)
+    truth = autoregressive_distribution(target, case.prompt, case.T, case.eos)
+    assert_same_distribution(got.dist, truth, f"{impl.name} (gamma={case.gamma}, T={case.T})")
+
+
+@applies(lambda impl: None if impl.cap("greedy") else "samples: checked by matches_target_distribution")
+@given(data=st.data())
+def test_greedy_matches_target_greedy(impl, data):
+    """Greedy speculative output is the target's greedy output token for token, for any draft."""
+    case = data.draw(speculative_cases(max_T=8), label="case")
+    target, draft = case.models()
+    out = call(impl, target, draft, list(case.prompt), gamma=case.gamma, max_new_tokens=case.T, rng=TorchRng(0),
+               eos=case.eos)
+    expected = greedy_tokens(target, case.prompt, case.T, case.eos)
+    assert out.tokens == expected, f"{impl.name}: greedy output {out.tokens}, the target's greedy is {expected}"
+
+
+@applies(own_rng)
+@applies(greedy)
+@applies(no_draft)
+@given(pair=context_free_pairs())
+def test_tokens_per_call_matches_formula(impl, pair):
+    """Context-free p and q: one round emits (1 - a^(g+1)) / (1 - a) tokens on average, a = sum min(p, q)."""
+    target, draft = pair.models()
+    rounds = guarded_call(first_round, impl.fn, target, draft, [0], gamma=pair.gamma, budget=pair.gamma + 1,
+                          timeout_s=ENUMERATION_LIMIT_S)
+    calls = {c for (_, c), prob in rounds.items() if prob > 0}
+    assert calls == {1}, f"{impl.name}: a round made {calls} target calls, expected exactly 1"
+    a = acceptance_rate(target.table, draft.table)
+    got = sum(emitted * prob for (emitted, _), prob in rounds.items())
+    expected = tokens_per_call(a, pair.gamma)
+    assert abs(got - expected) <= FLOAT64_IDENTITY * (pair.gamma + 1), (
+        f"{impl.name}: {got!r} tokens per target call, the formula gives {expected!r} (a={a:.4f}, "
+        f"gamma={pair.gamma})")
+
+
+@applies(own_rng)
+@applies(no_draft)
+@given(data=st.data())
+def test_draft_equal_to_target_accepts_everything(impl, data):
+    """With draft = target every draft token is accepted: gamma + 1 tokens from each single target call."""
+    case = data.draw(speculative_cases(), label="case")
+    target, _ = case.models()
+    rounds = guarded_call(first_round, impl.fn, target, target, list(case.prompt), gamma=case.gamma,
+                          budget=case.gamma + 1, timeout_s=ENUMERATION_LIMIT_S)
+    full = rounds.get((case.gamma + 1, 1), 0.0)
+    assert full >= 1 - FLOAT64_IDENTITY, f"{impl.name}: with draft = target the first round gave {rounds}"
+    out = call(impl, target, target, list(case.prompt), gamma=case.gamma, max_new_tokens=3 * (case.gamma + 1),
+               rng=TorchRng(case.seed))
+    assert all(r.accepted == r.drafted and r.target_calls == 1 for r in out.rounds), f"{impl.name}: {out.rounds}"
+
+
+def tiny_models(draft: str = "draft_good"):
+    """The shipped tiny target and a real draft as LMs, or a skip naming what is missing."""
+    from harness.lm import GPTLM
+    from harness.models import zoo
+
+    try:
+        return GPTLM(zoo.load("target")), GPTLM(zoo.load(draft)), zoo.tokenizer().bos
+    except FileNotFoundError as exc:
+        pytest.skip(f"tiny models not trained: {exc}")
+
+
+@applies(own_rng)
+@applies(greedy)
+def test_matches_target_distribution_on_tiny_models(impl):
+    """The tiny target with the good draft, gamma = 2, from BOS: the exact distribution of the first T tokens
+    (T = 2 here; T = 3, about a million branches, under the thorough profile) is the target's."""
+    target, draft, bos = tiny_models()
+    T = 3 if settings.get_current_profile_name() == "thorough" else 2
+    got = enumerate_impl(impl, target, draft, [bos], gamma=2, T=T, timeout_s=3600.0)
+    assert_same_distribution(got.dist, autoregressive_distribution(target, [bos], T), f"{impl.name} on tiny models")
+
+
+def _table(rows) -> TableLM:
+    return TableLM(torch.tensor(rows, dtype=torch.float64))
+
+
+GOOD = [0.2, 0.3, 0.5]
+BAD_INPUTS = {  # name -> (target rows, draft rows, gamma, the argument the message must name)
+    "gamma 0": (GOOD, GOOD, 0, "gamma"),
+    "vocabularies differ": (GOOD, [0.5, 0.5], 2, "draft"),
+    "negative target probability": ([-0.1, 0.6, 0.5], GOOD, 2, "target"),
+    "NaN target probability": ([float("nan"), 0.5, 0.5], GOOD, 2, "target"),
+    "target does not sum to one": ([0.2, 0.3, 0.6], GOOD, 2, "target"),
+    "negative draft probability": (GOOD, [-0.1, 0.6, 0.5], 2, "draft"),
+    "NaN draft probability": (GOOD, [float("nan"), 0.5, 0.5], 2, "draft"),
+    "draft does not sum to one": (GOOD, [0.2, 0.3, 0.6], 2, "draft"),
+}
+
+
+def test_rejects_bad_input(impl):
+    """Bad probabilities, gamma < 1 and differing vocabularies raise ValueError naming the argument."""
+    for name, (p, q, gamma, argument) in BAD_INPUTS.items():
+        if impl.cap("draft") is False and "draft" in name:
+            continue  # a sampler without a draft never reads it
+        try:
+            guarded_call(impl.fn, _table(p), _table(q), [0], gamma=gamma, max_new_tokens=4, rng=TorchRng(0))
+        except ContractViolation as exc:
+            cause = exc.__cause__
+            assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not a ValueError"
+            assert argument in str(cause), f"{impl.name} ({name}): '{cause}' does not name {argument!r}"
+        else:
+            raise AssertionError(f"{impl.name} accepted bad input ({name}) instead of raising")
+
+
+# The goodness-of-fit case: V = 3, T = 2 (9 outputs, each with probability >= 0.01), gamma = 2.
+FIT_PROMPT, FIT_T, FIT_GAMMA = [0], 2, 2
+
+
+def fit_models():
+    g = generator(7)
+    target = TableLM(0.7 * probability_table(3, 1, 0.0, g) + 0.1)  # rows >= 0.1
+    return target, TableLM(probability_table(3, 1, 0.3, g))
+
+
+@applies(lambda impl: None if impl.cap("rng") == "own" else "enumerable: checked by matches_target_distribution")
+def test_goodness_of_fit(impl):
+    """Chi-square of sampled outputs against the exact target distribution: detects a total-variation
+    distance of DELTA with probability >= POWER, false alarm ALPHA; the sample size follows from these."""
+    target, draft = fit_models()
+    exact = autoregressive_distribution(target, FIT_PROMPT, FIT_T)
+    n = sample_size(len(exact))
+    torch.manual_seed(0)  # the sampler draws from torch's global generator
+    samples = [tuple(call(impl, target, draft, FIT_PROMPT, gamma=FIT_GAMMA, max_new_tokens=FIT_T, rng=None).tokens)
+               for _ in range(n)]
+    fit = goodness_of_fit(samples, exact)
+    assert not fit.rejected, (f"{impl.name}: statistical verdict (not enumerable) -- the outputs do not follow the "
+                              f"target: {fit.describe()}; this test detects TV {DELTA} with power {POWER}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the expected-gain calculator (harness/speedup.py) on the seeds' worked exercises
+def test_speedup_calculator_reproduces_worked_exercises():
+    assert round(tokens_per_call(0.8, 4), 2) == 3.36
+    assert round(speedup(0.8, 4, 0.1), 2) == 2.40
+    assert [round(speedup(0.8, g, 0.05), 2) for g in (1, 4, 8, 10)] == [1.71, 2.80, 3.09, 3.05]
+    assert best_gamma(0.8, 0.05)[0] == 8
+    g, s = best_gamma(0.6, 0.05)
+    assert (g, round(s, 2)) == (4, 1.92)
+
+
+@given(a=st.floats(0.0, 0.999), gamma=st.integers(1, 16))
+def test_tokens_per_call_is_the_closed_form(a, gamma):
+    closed = (1 - a ** (gamma + 1)) / (1 - a)
+    assert abs(tokens_per_call(a, gamma) - closed) <= FLOAT64_IDENTITY * closed * gamma
+
+
+def test_sample_size_is_the_least_with_the_stated_power():
+    from harness.statistical import power
+
+    n = sample_size(9)
+    assert power(n, 9) >= POWER > power(n - 1, 9)
+    assert ALPHA == 0.001 and DELTA == 0.05
