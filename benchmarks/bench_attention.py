@@ -18,8 +18,11 @@ class AttentionForward:
 
     def setup(self, impl, device, shape, causal):
         self.device = resolve_device(device)
-        self.fn = resolve_impl("attention", impl, self.device).fn
+        record = resolve_impl("attention", impl, self.device)
         B, H, N, d = map(int, shape.split("x"))
+        if record.cap("max_nq", N) < N:
+            raise NotImplementedError(f"{impl} serves at most {record.cap('max_nq')} queries")
+        self.fn = record.fn
         g = torch.Generator().manual_seed(0)
         self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g).to(self.device) for _ in range(3))
         self.causal = causal
@@ -68,3 +71,49 @@ class SdpaRatio:
         return min(self._median(f) for f in self.tiled) / self._median(self.sdpa)
 
     track_best_tiled_over_sdpa.unit = "ratio"
+
+
+class AttentionDecode:
+    """One query against a long KV cache (B=1, H=8, d=64): where split-K decoding is meant to help."""
+
+    params = [IMPLS, DEVICES, [4096]]
+    param_names = ["impl", "device", "Nk"]
+    timeout = 300
+
+    def setup(self, impl, device, Nk):
+        self.device = resolve_device(device)
+        self.fn = resolve_impl("attention", impl, self.device).fn
+        g = torch.Generator().manual_seed(0)
+        self.q = torch.randn(1, 8, 1, 64, generator=g).to(self.device)
+        self.k, self.v = (torch.randn(1, 8, Nk, 64, generator=g).to(self.device) for _ in range(2))
+
+    def time_decode(self, impl, device, Nk):
+        self.fn(self.q, self.k, self.v, causal=True)
+        sync(self.device)
+
+
+class ModelledHBMTraffic:
+    """HBM bytes the IO model (harness/iomodel.py) charges an implementation's loop order, fp32,
+    B=1, H=8, N=2048, d=64, non-causal; implementations that declare no ``io`` loop order are n/a."""
+
+    params = [IMPLS]
+    param_names = ["impl"]
+
+    def setup(self, impl):
+        from harness import iomodel
+
+        record = resolve_impl("attention", impl, torch.device("cpu"))
+        B, H, N, d = 1, 8, 2048, 64
+        per_head = {
+            "standard": lambda: iomodel.standard_traffic(N, N, d),
+            "fa1": lambda: iomodel.fa1_traffic(N, N, d, record.cap("Bc")),
+            "fa2": lambda: iomodel.fa2_traffic(N, N, d, record.cap("Br")),
+        }.get(record.cap("io"))
+        if per_head is None:
+            raise NotImplementedError(f"{impl} declares no io loop order")
+        self.bytes = B * H * per_head() * 4
+
+    def track_modelled_hbm_bytes(self, impl):
+        return self.bytes
+
+    track_modelled_hbm_bytes.unit = "bytes"

@@ -186,8 +186,13 @@ def exact_distribution(
         table[(ctx, budget)] = dict(out)
         return table[(ctx, budget)]
 
-    result = dist(tuple(prompt), T)
-    bar.close()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
+    try:
+        result = dist(tuple(prompt), T)
+    finally:
+        torch.set_num_threads(threads)
+        bar.close()
     calls = memo_t.misses + (memo_d.misses if memo_d else 0)
     return Enumeration(result, counts["runs"], len(table), calls, time.perf_counter() - start)
 

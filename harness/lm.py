@@ -12,8 +12,9 @@
 A sampler draws randomness only through its `Rng`, so `harness.enumeration` can replace it by one that
 visits every branch with its exact probability.  `TorchRng` is the real back end (a seeded
 torch.Generator on cpu or cuda).  Wrappers: `Counted` counts calls, `Tempered` applies a temperature
-before the sampler sees p and q, `TableLM` is an exact context table (Hypothesis draws these), `GPTLM`
-adapts a `harness.models.gpt.GPT` and offers a KV-cached `session()`.
+before the sampler sees p and q, `PerPrefix` pins each prefix's distribution, `TableLM` is an exact
+context table (Hypothesis draws these), `GPTLM` adapts a `harness.models.gpt.GPT` and offers a KV-cached
+`session()`.
 """
 
 from __future__ import annotations
@@ -118,6 +119,27 @@ class TableLM:
 
     def __call__(self, prefixes, n=1):
         return torch.stack([torch.stack([self.row(x[: len(x) - n + 1 + i]) for i in range(n)]) for x in prefixes])
+
+
+class PerPrefix:
+    """Each distribution computed once, from its own prefix, and reused.
+
+    A float32 model's rounding depends on the length of the sequence it runs over (~1e-8), so the p a
+    target call over gamma + 1 positions returns differs in the last bits from what single-position calls
+    return.  Comparing a sampler with the autoregressive reference to 1e-12 needs both to see one p.
+    """
+
+    def __init__(self, lm: LM) -> None:
+        self.lm, self.vocab_size, self.rows = lm, lm.vocab_size, {}
+
+    def row(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in self.rows:
+            self.rows[prefix] = self.lm([list(prefix)], 1)[0, 0]  # (V,)
+        return self.rows[prefix]
+
+    def __call__(self, prefixes, n=1):
+        return torch.stack([torch.stack([self.row(tuple(x[: len(x) - n + 1 + i])) for i in range(n)])
+                            for x in prefixes])  # (B, n, V)
 
 
 class GPTLM:

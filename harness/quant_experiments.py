@@ -28,8 +28,12 @@ GRANULARITIES = (("per tensor", "tensor", None), ("per channel", "channel", None
 OUTLIER_LAYER, OUTLIER_FACTOR = 0, 100.0
 OUTLIER_SCHEMES = (("W8A8 per tensor", "w8a8_tensor", 8), ("W8A8 per token", "w8a8_token", 8),
                    ("W6A6 per tensor", "w8a8_tensor", 6), ("W6A6 per token", "w8a8_token", 6),
-                   ("LLM.int8() (threshold 6)", "llm_int8", 8), ("SmoothQuant a=0.5, per tensor", "smoothquant_tensor", 8),
-                   ("SmoothQuant a=0.5, per token", "smoothquant_token", 8))
+                   ("LLM.int8() (threshold 6), 8-bit", "llm_int8", 8),
+                   ("LLM.int8() (threshold 6), 6-bit", "llm_int8", 6),
+                   ("SmoothQuant a=0.5 per tensor, 8-bit", "smoothquant_tensor", 8),
+                   ("SmoothQuant a=0.5 per tensor, 6-bit", "smoothquant_tensor", 6),
+                   ("SmoothQuant a=0.5 per token, 8-bit", "smoothquant_token", 8),
+                   ("SmoothQuant a=0.5 per token, 6-bit", "smoothquant_token", 6))
 
 
 def block_linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -142,7 +146,7 @@ def inject_outlier(model: nn.Module, layer: int = OUTLIER_LAYER, factor: float =
 
 def main(argv: list[str] | None = None) -> None:
     from harness.models.world import corpus
-    from harness.models.zoo import load, nll_per_token, test_corpus
+    from harness.models.zoo import WEIGHTS, load, nll_per_token, test_corpus
 
     p = argparse.ArgumentParser(prog="python -m harness.quant_experiments", description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=200, help="held-out test documents (default 200)")
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
 
     base = nll_per_token(target, docs)
     print(f"\n2. Test NLL (nats/token, {len(docs)} docs), block Linears weight-quantized (absmax, RTN)")
-    print(f"   unquantized target {base:.4f}   good draft {nll_per_token(load('draft_good'), docs):.4f}")
+    draft = nll_per_token(load("draft_good"), docs) if (WEIGHTS / "draft_good.safetensors").exists() else math.nan
+    print(f"   unquantized target {base:.4f}   good draft {draft:.4f}")
     print(f"   {'bits':<6}" + "".join(f"{label:>14}" for label, _, _ in GRANULARITIES))
     w = ffn_matrix(target)
     for bits in BITS:
@@ -172,11 +177,11 @@ def main(argv: list[str] | None = None) -> None:
     injected, channel = inject_outlier(target)
     print(f"\n3. Outlier injection: block {OUTLIER_LAYER} ln_2 channel {channel} x{OUTLIER_FACTOR:g}, "
           f"FFN-in column / {OUTLIER_FACTOR:g}")
-    print(f"   {'scheme':<32}{'original':>12}{'injected':>12}")
-    print(f"   {'float (no quantization)':<32}{base:>12.4f}{nll_per_token(injected, docs):>12.4f}")
+    print(f"   {'scheme':<38}{'original':>12}{'injected':>12}")
+    print(f"   {'float (no quantization)':<38}{base:>12.4f}{nll_per_token(injected, docs):>12.4f}")
     for label, impl, bits in OUTLIER_SCHEMES:
         row = [nll_per_token(activation_quantized(m, impl, bits, calib_docs), docs) for m in (target, injected)]
-        print(f"   {label:<32}" + "".join(f"{v:>12.4f}" for v in row))
+        print(f"   {label:<38}" + "".join(f"{v:>12.4f}" for v in row))
 
 
 if __name__ == "__main__":

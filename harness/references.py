@@ -242,7 +242,8 @@ def gpt_logits64(model, seq: torch.Tensor, kv_bits: int | None = None) -> torch.
 def gpt_logits_plain(model, seq: torch.Tensor) -> list[torch.Tensor]:
     """The full forward in the model's own dtype, with attention in attention_plain's three orders."""
     with torch.no_grad():
-        return [model.forward_with(seq[None], None, lambda layer, q, k, v, i=i: attention_plain(q, k, v, causal=True)[i])[0]
+        return [model.forward_with(seq[None], None,
+                                   lambda layer, q, k, v, i=i: attention_plain(q, k, v, causal=True)[i])[0]
                 for i in range(3)]
 
 

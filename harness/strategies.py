@@ -7,6 +7,7 @@ prints as a small readable record that regenerates the exact tensors.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -342,9 +343,13 @@ class SpeculativeCase:
 
 
 @st.composite
-def speculative_cases(draw: st.DrawFn, max_gamma: int = 4, max_T: int = 4) -> SpeculativeCase:
+def speculative_cases(draw: st.DrawFn, max_gamma: int = 4, max_T: int = 4, width: int = 1) -> SpeculativeCase:
+    """`width` draft chains per round (multi-draft samplers): gamma is capped so that the V^(width gamma) draft
+    trees of a round stay <= 256 and one enumeration stays under a second."""
     V = draw(st.integers(2, 6))
     T = draw(st.integers(1, min(max_T, 3 if V > 4 else 4)))  # at most 6^3 output sequences: enumeration < 1 s
+    if width > 1:
+        max_gamma = max(1, min(max_gamma, int(math.log(256) / (width * math.log(V)))))
     return SpeculativeCase(
         V=V, target_order=draw(st.integers(0, 2)), draft=draw(st.sampled_from(["table", "target", "uniform", "point"])),
         draft_order=draw(st.integers(0, 2)), zeros=draw(st.sampled_from([0.0, 0.3, 0.6])),
@@ -367,7 +372,8 @@ class ContextFreePair:
         from harness.lm import TableLM
 
         g = generator(self.seed)
-        return TableLM(probability_table(self.V, 0, self.zeros, g)), TableLM(probability_table(self.V, 0, self.zeros, g))
+        p, q = (probability_table(self.V, 0, self.zeros, g) for _ in range(2))
+        return TableLM(p), TableLM(q)
 
 
 @st.composite
@@ -479,4 +485,73 @@ def decode_cases(
         steps=tuple(tuple(draw(st.lists(tokens, min_size=B, max_size=B))) for _ in range(n_steps)),
         max_len=min(32, max(lengths) + n_steps + spare_slots), dtype=draw(st.sampled_from(dtypes)),
         seed=draw(seeds),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# paged_attention
+@dataclass(frozen=True)
+class PagedAttentionCase:
+    B: int
+    H: int
+    Hkv: int
+    Nq: int
+    seq_lens: tuple[int, ...]
+    d: int
+    block_size: int
+    spare_blocks: int  # pool blocks no sequence uses (NaN throughout; padding table entries may point there)
+    causal: bool
+    scale: float | None
+    dtype: str
+    seed: int
+    device: str = "cpu"
+
+    def contiguous(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """q (B, H, Nq, d) and, per sequence, its contiguous k, v of shape (1, Hkv, seq_len, d)."""
+        g = generator(self.seed)
+        q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64)
+        kv = [tuple(torch.randn(1, self.Hkv, n, self.d, generator=g, dtype=torch.float64) for _ in range(2))
+              for n in self.seq_lens]
+        cast = lambda t: t.to(dtype_of(self.dtype)).to(self.device)
+        return cast(q), [(cast(k), cast(v)) for k, v in kv]
+
+    def paged(self) -> tuple[torch.Tensor, ...]:
+        """q, k_cache, v_cache (num_blocks, Hkv, block_size, d) with every unused slot NaN and the physical
+        blocks in a shuffled order, block_tables (B, max_blocks) padded with arbitrary block ids, seq_lens (B,)."""
+        q, kv = self.contiguous()
+        bs, per_seq = self.block_size, [-(-n // self.block_size) for n in self.seq_lens]
+        num_blocks = sum(per_seq) + self.spare_blocks
+        g = generator(self.seed ^ 0xB10C)
+        physical = torch.randperm(num_blocks, generator=g).tolist()
+        k_cache = torch.full((num_blocks, self.Hkv, bs, self.d), float("nan"), dtype=q.dtype, device=q.device)
+        v_cache = k_cache.clone()
+        max_blocks = max(per_seq) + 1  # one padding entry at least: it must never be read
+        tables = torch.randint(0, num_blocks, (self.B, max_blocks), generator=g)
+        for b, (k, v) in enumerate(kv):
+            ids = torch.tensor(physical[:per_seq[b]])
+            del physical[:per_seq[b]]
+            tables[b, :per_seq[b]] = ids
+            for cache, t in ((k_cache, k), (v_cache, v)):
+                padded = torch.full((self.Hkv, per_seq[b] * bs, self.d), float("nan"), dtype=q.dtype, device=q.device)
+                padded[:, :self.seq_lens[b]] = t[0]  # (Hkv, blocks * bs, d), the tail of the last block NaN
+                cache[ids.to(q.device)] = padded.reshape(self.Hkv, per_seq[b], bs, self.d).transpose(0, 1)
+        return q, k_cache, v_cache, tables.to(self.device), torch.tensor(self.seq_lens, device=self.device)
+
+
+@st.composite
+def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
+                          max_len: int = 200, decode: bool | None = None) -> PagedAttentionCase:
+    Hkv = draw(st.integers(1, 4))
+    H = Hkv * draw(st.sampled_from([g for g in (1, 2, 4) if Hkv * g <= 4]))  # GQA: Hkv divides H
+    B = draw(st.integers(1, 3))
+    seq_lens = tuple(draw(st.lists(lengths(max_len), min_size=B, max_size=B)))
+    shortest = min(seq_lens)
+    nq = st.just(1) if decode else st.one_of(st.just(1), st.integers(1, shortest), st.just(shortest))
+    return PagedAttentionCase(
+        B=B, H=H, Hkv=Hkv, Nq=draw(nq if decode is not False else st.integers(1, shortest)), seq_lens=seq_lens,
+        d=draw(st.one_of(st.sampled_from([1, 8, 16, 64]), st.integers(1, 80))),
+        block_size=draw(st.one_of(st.sampled_from([1, 2, 3, 8, 16, 32]), st.integers(1, 64))),
+        spare_blocks=draw(st.integers(0, 3)), causal=draw(st.booleans()),
+        scale=draw(st.one_of(st.none(), st.floats(0.01, 2.0))), dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(seeds), device=draw(st.sampled_from(devices)),
     )

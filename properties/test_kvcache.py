@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.contracts import kvcache as contract
+from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, concurrent_requests
 from harness.references import gpt_logits64, gpt_logits_plain
 from harness.registry import get
 from harness.runner import applies
@@ -27,7 +28,8 @@ def exact_only(impl):
 
 
 def draw(data, impl, **kw) -> DecodeCase:
-    return data.draw(decode_cases(dtypes=impl.dtypes, **kw), label="case")
+    kw.setdefault("dtypes", impl.dtypes)
+    return data.draw(decode_cases(**kw), label="case")
 
 
 def decode(impl, model, case: DecodeCase, prompts=None, steps=None) -> list[torch.Tensor]:
@@ -39,38 +41,43 @@ def decode(impl, model, case: DecodeCase, prompts=None, steps=None) -> list[torc
     return out + [contract.step(impl, decoder, model, tokens) for tokens in steps]
 
 
-def assert_matches_forward(impl, model, case: DecodeCase, seq: torch.Tensor, got: torch.Tensor, first: int, what):
-    """got (n, V) are the logits at positions first.. of seq; compare with the full forward pass."""
-    kind = "forward" if impl.exact else "kv_int8"
-    truth = gpt_logits64(model, seq)[first:]
-    plains = gpt_logits_plain(model, seq) if impl.exact else [gpt_logits64(model, seq, kv_bits=8)]
-    assert_earned(got, truth, [p[first:] for p in plains], dtype_of(case.dtype), what=what, kind=kind)
+class Forward:
+    """The full forward pass of one sequence: float64 truth and the plain computations in the model's dtype
+    (for an approximate impl: the forward whose keys/values took the int8 round trip)."""
+
+    def __init__(self, impl, model, seq: torch.Tensor) -> None:
+        self.kind = "forward" if impl.exact else "kv_int8"
+        self.truth = gpt_logits64(model, seq)
+        self.plains = gpt_logits_plain(model, seq) if impl.exact else [gpt_logits64(model, seq, kv_bits=8)]
+
+    def check(self, got: torch.Tensor, first: int, dtype: str, what: str) -> None:
+        """got (n, V): logits at positions first, first + 1, ..."""
+        assert_earned(got, self.truth[first:], [p[first:] for p in self.plains], dtype_of(dtype), what=what,
+                      kind=self.kind)
 
 
 @given(data=st.data())
 def test_prefill_then_steps_equal_forward(impl, data):
     """For every split k: prefill(seq[:k]) then steps over seq[k:] give the full forward's logits."""
-    case = draw(data, impl, ragged=False, batch=(1, 2), max_prompt=7)
+    case = draw(data, impl, ragged=False, batch=(1, 2), max_prompt=5, max_steps=3)
     model, seqs = case.model(), case.sequences()
-    n = len(seqs[0])
+    forwards, n = [Forward(impl, model, s) for s in seqs], len(seqs[0])
     for k in range(1, n + 1):
         prompts = [s[:k] for s in seqs]
         steps = [torch.stack([s[t] for s in seqs]) for t in range(k, n)]
         logits = torch.stack(decode(impl, model, case, prompts, steps), dim=1)  # (B, n - k + 1, V)
-        for b, seq in enumerate(seqs):
-            assert_matches_forward(impl, model, case, seq, logits[b], k - 1,
-                                   what=f"{impl.name}: row {b}, prefill {k} of {n} tokens")
+        for b, forward in enumerate(forwards):
+            forward.check(logits[b], k - 1, case.dtype, what=f"{impl.name}: row {b}, prefill {k} of {n} tokens")
 
 
 @given(data=st.data())
 def test_unused_slots_never_leak(impl, data):
     """With far more capacity than used (max_len up to the block size), the logits stay finite and exact."""
-    case = draw(data, impl, spare=st.integers(8, 32))
+    case = draw(data, impl, batch=(1, 2), max_steps=3, spare=st.integers(8, 32))
     model = case.model()
     logits = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V), finite (checked by the call)
     for b, seq in enumerate(case.sequences()):
-        first = len(case.prompts[b]) - 1
-        assert_matches_forward(impl, model, case, seq, logits[b], first, what=f"{impl.name}: row {b}")
+        Forward(impl, model, seq).check(logits[b], len(case.prompts[b]) - 1, case.dtype, what=f"{impl.name}: row {b}")
 
 
 @given(data=st.data())
@@ -140,3 +147,26 @@ def test_bad_input_is_rejected(impl):
     decoder.step(torch.tensor([3]))
     with pytest.raises(ValueError, match="max_len"):
         decoder.step(torch.tensor([3]))
+
+
+# ---------------------------------------------------------------------------------------------
+# KV-cache sizes of real models (harness/kvsize.py) against published numbers
+def test_bytes_per_token_of_real_models():
+    assert bytes_per_token(CONFIGS["Llama-2-7B"], "fp16") == 512 * KiB  # MHA: 2 x 32 x 32 x 128 x 2
+    assert bytes_per_token(CONFIGS["Llama-3-8B"], "fp16") == 128 * KiB  # GQA, 8 kv heads
+    assert bytes_per_token(CONFIGS["Llama-3-70B"], "fp16") == 320 * KiB  # GQA, 80 layers
+
+
+def test_long_context_of_llama2_7b_is_64_gib():
+    size = cache_bytes(CONFIGS["Llama-2-7B"], 128 * 1024, "fp16")
+    assert size == 64 * GiB  # the folklore "64 GB" is binary; in decimal units it is 68.7 GB
+    assert round(size / GB, 1) == 68.7
+
+
+def test_concurrent_4k_requests_in_60_gib():
+    mha, gqa = CONFIGS["Llama-2-7B"], CONFIGS["Llama-3-8B"]
+    counts = [concurrent_requests(m, 60 * GiB, 4096, dt) for m, dt in ((mha, "fp16"), (gqa, "fp16"), (gqa, "int8"))]
+    assert counts == [30, 120, 240]
+    assert concurrent_requests(mha, 60 * GB, 4096, "fp16") == 27  # the same budget read as 60e9 bytes
+    with pytest.raises(ValueError, match="dtype"):
+        bytes_per_token(mha, "fp12")

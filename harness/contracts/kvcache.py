@@ -50,7 +50,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     Query head h reads kv head h // (H // Hkv).  Slots no query sees are zeroed before any arithmetic,
     so garbage (NaN-filled unused slots) cannot reach the output through 0 * NaN.
     """
-    (B, H, T, d), Hkv, S = q.shape, k.shape[1], k.shape[2]
+    (B, H, T, d), Hkv = q.shape, k.shape[1]
     used = visible.any(dim=1)[:, None, :, None]  # (B, 1, S, 1)
     k, v = torch.where(used, k, 0), torch.where(used, v, 0)
     qg = q.reshape(B, Hkv, H // Hkv, T, d)  # (B, Hkv, G, T, d)

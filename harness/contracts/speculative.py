@@ -45,7 +45,7 @@ SPECULATIVE = define(
 
 @dataclass(frozen=True)
 class Round:
-    drafted: int  # draft tokens proposed
+    drafted: int  # draft tokens proposed in a chain (the depth of the tree for multi-draft samplers)
     accepted: int  # of which the target accepted
     target_calls: int  # target calls this round (1 for speculative sampling)
 

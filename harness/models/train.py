@@ -40,7 +40,7 @@ class Recipe:
 
 RECIPES = {
     "target": Recipe(TARGET, steps=800, lr=3e-3, batch_docs=32),
-    "draft_good": Recipe(DRAFT, steps=1500, lr=1e-2),
+    "draft_good": Recipe(DRAFT, steps=400, lr=1e-2),
     "draft_bad": Recipe(DRAFT, steps=60, lr=1e-2, warmup=10),
 }
 THREADS = 1  # the machine is shared; one thread also fixes the reduction order

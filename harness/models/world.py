@@ -49,8 +49,9 @@ def _words() -> list[str]:
 
 
 # word -> (category, class or kind, number) for the parser
-_NOUN_INFO = {w: (c, n) for c, pairs in NOUNS.items() for pair in pairs for w, n in zip(pair, ("sg", "pl"))}
-_VERB_INFO = {w: (k, n) for k, pairs in VERBS.items() for pair in pairs for w, n in zip(pair, ("sg", "pl"))}
+NUMBERS = ("sg", "pl")
+_NOUN_INFO = {w: (c, n) for c, pairs in NOUNS.items() for pair in pairs for w, n in zip(pair, NUMBERS, strict=True)}
+_VERB_INFO = {w: (k, n) for k, pairs in VERBS.items() for pair in pairs for w, n in zip(pair, NUMBERS, strict=True)}
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def sample(model: GPT, n_docs: int, seed: int, temperature: float = 1.0, batch_s
         tokens = torch.full((B, 1), TOKENIZER.bos, dtype=torch.long)  # (B, 1)
         cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def attend(layer, q, k, v):
+        def attend(layer, q, k, v, cache=cache):
             if layer in cache:
                 k, v = torch.cat([cache[layer][0], k], dim=2), torch.cat([cache[layer][1], v], dim=2)  # (B,Hkv,t,d)
             cache[layer] = (k, v)

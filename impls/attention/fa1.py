@@ -48,6 +48,6 @@ def fa1_attention(q, k, v, *, causal=False, scale=None, Br=32, Bc=32):
 for _Br, _Bc in ((32, 32), (64, 64), (24, 40)):
     register(
         "attention", f"fa1_{_Br}x{_Bc}", devices=("cpu", "cuda"), cite="Dao et al. 2022, FlashAttention, Algorithm 1",
-        caps={"Br": _Br, "Bc": _Bc, "tiled": True},
+        caps={"Br": _Br, "Bc": _Bc, "tiled": True, "io": "fa1"},
     )(lambda q, k, v, *, causal=False, scale=None, _Br=_Br, _Bc=_Bc: fa1_attention(
         q, k, v, causal=causal, scale=scale, Br=_Br, Bc=_Bc))

@@ -47,6 +47,6 @@ def fa2_attention(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):
 for _Br, _Bc in ((64, 64), (128, 128), (256, 256), (48, 80), (17, 33)):
     register(
         "attention", f"fa2_{_Br}x{_Bc}", devices=("cpu", "cuda"), cite="Dao 2023, FlashAttention-2, Algorithm 1",
-        caps={"Br": _Br, "Bc": _Bc, "tiled": True},
+        caps={"Br": _Br, "Bc": _Bc, "tiled": True, "io": "fa2"},
     )(lambda q, k, v, *, causal=False, scale=None, _Br=_Br, _Bc=_Bc: fa2_attention(
         q, k, v, causal=causal, scale=scale, Br=_Br, Bc=_Bc))

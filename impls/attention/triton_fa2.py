@@ -27,7 +27,7 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def fa2_forward_kernel(Q, K, V, O, LSE, H, G, Nq, Nk, d, scale,
+    def fa2_forward_kernel(Q, K, V, O, LSE, H, G, Nq, Nk, d, scale,  # noqa: E741 - paper notation
                            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
         block, bh = tl.program_id(0), tl.program_id(1)  # query block, batch * H + head
         kv = (bh // H) * (H // G) + (bh % H) // G  # batch * Hkv + kv head: query head h reads kv head h // G
@@ -59,7 +59,8 @@ def _kernel():
         o = acc / tl.where(l > 0, l, 1.0)[:, None]  # rows that saw no key: acc = 0, o = 0
         tl.store(O + bh * Nq * d + rows[:, None] * d + dims[None, :], o.to(O.dtype.element_ty),
                  mask=(rows[:, None] < Nq) & (dims[None, :] < d))
-        tl.store(LSE + bh * Nq + rows, m + tl.log(l), mask=rows < Nq)  # l = 0 gives L = -inf
+        lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), float("-inf"))  # no key seen: L = -inf
+        tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
     return triton, fa2_forward_kernel
 

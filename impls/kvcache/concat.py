@@ -31,4 +31,5 @@ class ConcatDecoder(CachedDecoder):
         return masked_attention(q, K, V, visible)
 
 
-register("kvcache", "concat", dtypes=("float64", "float32"), cite="Pope et al. 2022, section 2")(ConcatDecoder)
+register("kvcache", "concat", dtypes=("float64", "float32"),
+         cite="Pope et al. 2022, section 2")(ConcatDecoder)

@@ -41,4 +41,5 @@ class Int8Decoder(StaticDecoder):
         return masked_attention(q, K, V, self.visible())
 
 
-register("kvcache", "int8", dtypes=("float64", "float32"), exact=False, cite="Hooper et al. 2024 (KVQuant), section 3")(Int8Decoder)
+register("kvcache", "int8", dtypes=("float64", "float32"),
+         exact=False, cite="Hooper et al. 2024 (KVQuant), section 3")(Int8Decoder)

@@ -90,4 +90,5 @@ MUTANTS = {
                               "unused_slots_never_leak"),
 }
 for _name, (_cls, _bug, _killer) in MUTANTS.items():
-    register("kvcache", f"mutant_{_name}", dtypes=("float64", "float32"), mutant=True, bug=_bug, killed_by=(_killer,))(_cls)
+    register("kvcache", f"mutant_{_name}", dtypes=("float64", "float32"), mutant=True, bug=_bug,
+             killed_by=(_killer,))(_cls)

@@ -47,4 +47,5 @@ class PagedDecoder(CachedDecoder):
         return masked_attention(q, K, V, visible)
 
 
-register("kvcache", "paged", dtypes=("float64", "float32"), cite="Kwon et al. 2023, PagedAttention, sections 4.1-4.2")(PagedDecoder)
+register("kvcache", "paged", dtypes=("float64", "float32"),
+         cite="Kwon et al. 2023, PagedAttention, sections 4.1-4.2")(PagedDecoder)

@@ -34,4 +34,5 @@ class RecomputeDecoder:
         return torch.stack([self.model(s[None])[0, -1] for s in self.seqs])  # (B, V)
 
 
-register("kvcache", "recompute", dtypes=("float64", "float32"), cite="Vaswani et al. 2017, section 3 (no cache)")(RecomputeDecoder)
+register("kvcache", "recompute", dtypes=("float64", "float32"),
+         cite="Vaswani et al. 2017, section 3 (no cache)")(RecomputeDecoder)

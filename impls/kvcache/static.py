@@ -32,4 +32,5 @@ class StaticDecoder(CachedDecoder):
         return masked_attention(q, K, V, self.visible())
 
 
-register("kvcache", "static", dtypes=("float64", "float32"), cite="gpt-fast model.py KVCache (Meta PyTorch 2023)")(StaticDecoder)
+register("kvcache", "static", dtypes=("float64", "float32"),
+         cite="gpt-fast model.py KVCache (Meta PyTorch 2023)")(StaticDecoder)

@@ -1,6 +1,6 @@
 """Known-wrong speculative samplers, each modelled on a real bug.  The properties must kill every one.
 
-All share the loop of `standard.py` with one bug switched on, so each differs from a correct sampler by
+All but the last two share the loop of `standard.py` with one bug switched on, so each differs from a correct sampler by
 exactly the bug it is named after.  `no_bonus` is correct but slow: its distribution is exact and only
 the tokens-per-call property may catch it.
 """
@@ -9,6 +9,7 @@ import torch
 
 from harness.contracts.speculative import Generation, Round, check_inputs, validated
 from harness.registry import register
+from impls.speculative.multidraft import tree_speculative
 from impls.speculative.standard import residual
 
 EXACT = ("matches_target_distribution",)
@@ -107,3 +108,10 @@ register("speculative", "mutant_own_rng_resample_from_p", dtypes=("float64",), m
     lambda target, draft, prompt, *, gamma, max_new_tokens, rng=None, eos=None: buggy_speculative(
         target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=GlobalTorchRng(), eos=eos,
         bug="resample_from_p"))
+
+
+register("speculative", "mutant_multidraft_stale_p", dtypes=("float64",), mutant=True, caps={"draft_width": 2},
+         bug="multi-draft: after a rejected candidate the next is judged against the old p, not norm(max(0, p - q))",
+         killed_by=EXACT)(
+    lambda target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None: tree_speculative(
+        target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos, update_p=False))

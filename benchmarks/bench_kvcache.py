@@ -1,0 +1,185 @@
+"""KV-cache decoding: prefill vs decode, decode vs batch size, cached vs recompute, and the memory roofline.
+
+Models have random weights (speed does not depend on training): the target's shape (d=128, 4 layers,
+~0.8M parameters) with a longer context, and a >= 100M-parameter config for the roofline.  Ratios
+are measured within one run, so machine load cancels out as far as it can.
+"""
+
+import statistics
+import time
+
+import torch
+
+from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl
+
+CACHES = [n for n in impl_names("kvcache") if n != "recompute"]
+VOCAB = 65
+
+
+def small_model(block_size: int = 1024):
+    from harness.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=VOCAB, block_size=block_size, n_layer=4, n_head=4, n_kv_head=4, n_embd=128)
+    return GPT(cfg).eval()
+
+
+def seconds(fn, repeat: int = 3) -> float:
+    """Median wall time of fn() over `repeat` calls."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def tokens(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))  # (B, n)
+
+
+def generate(decoder, prompts: list[torch.Tensor], n: int) -> None:
+    """Greedy generation of n tokens after the prompts."""
+    logits = decoder.prefill(prompts)
+    for _ in range(n - 1):
+        logits = decoder.step(logits.argmax(-1))
+
+
+class PrefillVsDecode:
+    """256 tokens in one prefill call vs the same 256 tokens decoded one step at a time (batch 1)."""
+
+    params = [CACHES, DEVICES]
+    param_names = ["impl", "device"]
+    timeout = 300
+
+    def setup(self, impl, device):
+        resolve_device(device)
+        self.make = resolve_impl("kvcache", impl, torch.device(device)).fn
+        self.model, self.seq = small_model(), tokens(256)[0]
+
+    def prefill(self):
+        self.make(self.model, 256).prefill([self.seq])
+
+    def decode(self):
+        decoder = self.make(self.model, 256)
+        decoder.prefill([self.seq[:1]])
+        for t in self.seq[1:]:
+            decoder.step(t[None])
+
+    def time_prefill_256(self, impl, device):
+        self.prefill()
+
+    def time_decode_256(self, impl, device):
+        self.decode()
+
+    def track_decode_over_prefill(self, impl, device):
+        """Per-token cost of decoding one by one over per-token cost of prefill (the same 256 tokens)."""
+        return seconds(self.decode) / seconds(self.prefill)
+
+    track_decode_over_prefill.unit = "ratio"
+
+
+class DecodeBatch:
+    """One decode step at cache length 64 for batch 1...256: per-token cost falls while the step is
+    bound by reading the weights, and stops falling where it becomes compute-bound."""
+
+    params = [CACHES, DEVICES, [1, 4, 16, 64, 128, 256]]
+    param_names = ["impl", "device", "batch"]
+    timeout = 300
+    STEPS = 8
+
+    def setup(self, impl, device, batch):
+        resolve_device(device)
+        self.make = resolve_impl("kvcache", impl, torch.device(device)).fn
+        self.model, self.prompts = small_model(128), list(tokens(64, batch))
+
+    def steps(self):
+        decoder = self.make(self.model, 64 + self.STEPS)
+        logits = decoder.prefill(self.prompts)
+        start = time.perf_counter()
+        for _ in range(self.STEPS):
+            logits = decoder.step(logits.argmax(-1))
+        return (time.perf_counter() - start) / self.STEPS
+
+    def track_step_ms(self, impl, device, batch):
+        return statistics.median(self.steps() for _ in range(3)) * 1e3
+
+    track_step_ms.unit = "ms"
+
+    def track_us_per_token(self, impl, device, batch):
+        """Step time / batch: lower is better; it stops falling where batching stops paying."""
+        return statistics.median(self.steps() for _ in range(3)) * 1e6 / batch
+
+    track_us_per_token.unit = "us/token"
+
+
+class CachedVsRecompute:
+    """Generating n tokens from a 1-token prompt: recompute time / cached time, in one run (goal >= 10x at 512)."""
+
+    params = [CACHES, DEVICES, [64, 128, 256, 512]]
+    param_names = ["impl", "device", "n"]
+    timeout = 600
+
+    def setup(self, impl, device, n):
+        resolve_device(device)
+        self.cached = resolve_impl("kvcache", impl, torch.device(device)).fn
+        self.recompute = resolve_impl("kvcache", "recompute", torch.device(device)).fn
+        self.model, self.prompt = small_model(), [tokens(1)[0]]
+
+    def track_recompute_over_cached(self, impl, device, n):
+        cached = seconds(lambda: generate(self.cached(self.model, n), self.prompt, n))
+        recompute = seconds(lambda: generate(self.recompute(self.model, n), self.prompt, n), repeat=1)
+        return recompute / cached
+
+    track_recompute_over_cached.unit = "speedup"
+
+
+class MemoryRoofline:
+    """Batch-1 decode of a ~101M-parameter model (d=1024, 8 layers, float32): weight bytes read per step
+    / step time, as a fraction of the read bandwidth of a chain of 4096 x 4096 matrix-vector products
+    measured in the same run (goal >= 0.85: the whole decoder at the memory roofline)."""
+
+    params = [CACHES, DEVICES]
+    param_names = ["impl", "device"]
+    timeout = 600
+
+    def setup(self, impl, device):
+        from harness.models.gpt import GPT, GPTConfig
+
+        resolve_device(device)
+        self.make = resolve_impl("kvcache", impl, torch.device(device)).fn
+        torch.manual_seed(0)
+        self.model = GPT(GPTConfig(vocab_size=VOCAB, block_size=256, n_layer=8, n_head=16, n_kv_head=16,
+                                   n_embd=1024)).eval()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()
+                                if p is not self.model.wte.weight)  # a step reads one embedding row
+        self.matrices = [torch.randn(4096, 4096) for _ in range(6)]  # 6 x 64 MiB: far beyond any cache
+
+    def matvec_bandwidth(self) -> float:
+        x = torch.randn(4096)
+
+        def chain():
+            y = x
+            for w in self.matrices:
+                y = w @ y
+        return sum(w.numel() * w.element_size() for w in self.matrices) / seconds(chain, repeat=5)
+
+    def decode_bandwidth(self) -> float:
+        decoder = self.make(self.model, 64)
+        logits = decoder.prefill([tokens(16)[0]])
+        times = []
+        for _ in range(16):
+            start = time.perf_counter()
+            logits = decoder.step(logits.argmax(-1))
+            times.append(time.perf_counter() - start)
+        return self.weight_bytes / statistics.median(times)
+
+    def track_fraction_of_matvec_bandwidth(self, impl, device):
+        return self.decode_bandwidth() / self.matvec_bandwidth()
+
+    track_fraction_of_matvec_bandwidth.unit = "fraction"
+
+    def track_matvec_gb_per_s(self, impl, device):
+        return self.matvec_bandwidth() / 1e9
+
+    track_matvec_gb_per_s.unit = "GB/s"

@@ -1,0 +1,143 @@
+"""Quantization: error, storage and model quality per scheme and bit width; quantized matmul speed.
+
+track_ metrics are lower-is-better (errors, bits, NLL).  Model metrics need the tiny target's
+weights (harness/models/weights) and skip (n/a) without them.
+"""
+
+import torch
+
+from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl, sync
+
+QUANTIZERS = impl_names("quantization")
+LINEARS = impl_names("quantized_linear")
+GRANULARITY = {"tensor": ("tensor", None), "channel": ("channel", None), "group128": ("group", 128),
+               "group32": ("group", 32)}
+BITS = [8, 4, 3, 2]
+NLL_DOCS = 50
+
+
+class QuantizerError:
+    """max|w - dq(q(w))| / max|w| on a seeded (512, 256) Gaussian matrix of the seeds' std 0.067."""
+
+    params = [QUANTIZERS, list(GRANULARITY), BITS]
+    param_names = ["impl", "granularity", "bits"]
+
+    def setup(self, impl, granularity, bits):
+        self.impl = resolve_impl("quantization", impl, torch.device("cpu"))
+        self.w = 0.067 * torch.randn(512, 256, generator=torch.Generator().manual_seed(0))
+
+    def track_max_error(self, impl, granularity, bits):
+        from harness.contracts.quantization import dequantize
+
+        gran, g = GRANULARITY[granularity]
+        w_hat = dequantize(self.impl.fn(self.w, bits=bits, granularity=gran, group_size=g))
+        return ((w_hat - self.w).abs().max() / self.w.abs().max()).item()
+
+    track_max_error.unit = "max|w - w_hat| / max|w|"
+
+    def track_rms_error(self, impl, granularity, bits):
+        """Root-mean-square error over std(w): what the SNR estimate s^2 / 12 predicts."""
+        from harness.contracts.quantization import dequantize
+
+        gran, g = GRANULARITY[granularity]
+        w_hat = dequantize(self.impl.fn(self.w, bits=bits, granularity=gran, group_size=g))
+        return ((w_hat - self.w).pow(2).mean().sqrt() / self.w.std()).item()
+
+    track_rms_error.unit = "rms(w - w_hat) / std(w)"
+
+    def track_bits_per_weight(self, impl, granularity, bits):
+        """Storage including one 16-bit scale (and a b-bit zero point if asymmetric) per group."""
+        from harness.contracts.quantization import bits_per_weight
+
+        gran, g = GRANULARITY[granularity]
+        return bits_per_weight(bits, 256, gran, g, 512, zero_point=not self.impl.cap("symmetric", True))
+
+    track_bits_per_weight.unit = "bits/weight"
+
+
+class LinearError:
+    """max|y - x @ w.T| / max|x @ w.T| with x (256, 256) standard normal, optionally with 4 outlier
+    columns of magnitude 60 (10x LLM.int8()'s threshold), w (512, 256) Gaussian."""
+
+    params = [LINEARS, [8, 6, 4], [False, True]]
+    param_names = ["impl", "bits", "outliers"]
+
+    def setup(self, impl, bits, outliers):
+        self.impl = resolve_impl("quantized_linear", impl, torch.device("cpu"))
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(256, 256, generator=g)
+        if outliers:
+            self.x[:, [3, 70, 150, 201]] *= 60
+        self.w = torch.randn(512, 256, generator=g) / 16
+
+    def track_max_rel_error(self, impl, bits, outliers):
+        exact = self.x.double() @ self.w.double().T
+        y = self.impl.fn(self.x, self.w, bits=bits).double()
+        return ((y - exact).abs().max() / exact.abs().max()).item()
+
+    track_max_rel_error.unit = "relative"
+
+
+class LinearTime:
+    """One (tokens, 512) x (2048, 512)^T product: each quantized layer, and plain float ("float")."""
+
+    params = [["float", *LINEARS], DEVICES, [16, 1024]]
+    param_names = ["impl", "device", "tokens"]
+    timeout = 300
+
+    def setup(self, impl, device, tokens):
+        self.device = resolve_device(device)
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(tokens, 512, generator=g).to(self.device)
+        self.w = (torch.randn(2048, 512, generator=g) / 23).to(self.device)
+        if impl == "float":
+            self.fn = lambda x, w, bits: x @ w.T
+        else:
+            self.fn = resolve_impl("quantized_linear", impl, self.device).fn
+
+    def time_matmul(self, impl, device, tokens):
+        self.fn(self.x, self.w, bits=8)
+        sync(self.device)
+
+    def track_time_over_float(self, impl, device, tokens):
+        """Median time of this layer / median time of x @ w.T, measured in one process (lower is better)."""
+        import torch.utils.benchmark as tb
+
+        def median(fn):
+            timer = tb.Timer("fn(x, w, bits=8); sync(dev)", globals={"fn": fn, "x": self.x, "w": self.w,
+                                                                      "sync": sync, "dev": self.device})
+            return timer.blocked_autorange(min_run_time=0.3).median
+
+        return median(self.fn) / median(lambda x, w, bits: x @ w.T)
+
+    track_time_over_float.unit = "ratio"
+
+
+class ModelNLL:
+    """Test NLL (nats/token, 50 held-out documents) of the tiny target with its block Linears quantized."""
+
+    params = [["absmax tensor", "absmax channel", "absmax group128", "absmax group32", *LINEARS], BITS]
+    param_names = ["scheme", "bits"]
+    timeout = 600
+
+    def setup(self, scheme, bits):
+        from harness.models.world import corpus
+        from harness.models.zoo import WEIGHTS, load, test_corpus
+        from harness.quant_experiments import activation_quantized, weight_quantized
+
+        if not (WEIGHTS / "target.safetensors").exists():
+            raise NotImplementedError("the target model's weights are not built")
+        target = load("target")
+        if scheme.startswith("absmax "):
+            gran, g = GRANULARITY[scheme.split()[1]]
+            self.model = weight_quantized(target, bits, gran, g)
+        else:
+            self.model = activation_quantized(target, scheme, bits, corpus(50, seed=12345))
+        self.docs = test_corpus(NLL_DOCS)
+
+    def track_nll(self, scheme, bits):
+        from harness.models.zoo import nll_per_token
+
+        return nll_per_token(self.model, self.docs)
+
+    track_nll.unit = "nats/token"

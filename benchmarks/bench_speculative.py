@@ -1,0 +1,232 @@
+"""Speculative decoding: enumeration cost, acceptance, tokens per target call, quality, wall-clock speedup.
+
+Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from impls/drafts.  Ratios
+(speedup, c) are measured within one process, one setup, so that load on a shared machine cancels.
+"""
+
+import time
+
+from benchmarks.common import DEVICES, resolve_device, resolve_impl
+
+DRAFTS = ["draft_good", "draft_bad", "bigram", "trigram", "uniform", "prompt_lookup"]
+GAMMAS = [1, 2, 3, 4, 5, 6, 7, 8]
+BOS_TOKENS = 120  # tokens generated per timed sequence (the context holds 128)
+
+
+def _enumerable() -> list[str]:
+    """Registered samplers that draw through an Rng and sample (greedy is deterministic)."""
+    try:
+        from harness.registry import impls
+    except ImportError:  # an older commit without the harness
+        return []
+    return [i.name for i in impls("speculative") if i.cap("rng") != "own" and not i.cap("greedy")]
+
+
+def _models():
+    from harness.lm import GPTLM
+    from harness.models import zoo
+
+    try:
+        return zoo, GPTLM(zoo.load("target"))
+    except FileNotFoundError as exc:
+        raise NotImplementedError(f"tiny models not trained: {exc}") from exc
+
+
+def _draft(name: str):
+    from harness.lm import GPTLM
+    from harness.models import zoo
+    from impls.drafts.ngram import ngram, uniform
+    from impls.drafts.prompt_lookup import PromptLookup
+
+    V = zoo.tokenizer().vocab_size
+    return {"draft_good": lambda: GPTLM(zoo.load("draft_good")), "draft_bad": lambda: GPTLM(zoo.load("draft_bad")),
+            "bigram": lambda: ngram(2), "trigram": lambda: ngram(3), "uniform": lambda: uniform(V),
+            "prompt_lookup": lambda: PromptLookup(V)}[name]()
+
+
+def _median_seconds(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+class Enumeration:
+    """Exact enumeration: a vocabulary-4 table pair at gamma 3, T 4 (goal <= 1 s); tiny models gamma 2, T 2."""
+
+    params = [_enumerable(), DEVICES]
+    param_names = ["impl", "device"]
+    timeout = 600
+
+    def setup(self, impl, device):
+        import torch
+
+        from harness.lm import TableLM
+        from harness.strategies import generator, probability_table
+
+        resolve_device(device)
+        if device != "cpu":
+            raise NotImplementedError("enumeration runs on the cpu")
+        self.fn = resolve_impl("speculative", impl, torch.device(device), "float64").fn
+        g = generator(0)
+        self.target, self.draft = (TableLM(probability_table(4, order, 0.3, g)) for order in (2, 1))
+
+    def time_vocab4_gamma3_T4(self, impl, device):
+        from harness.enumeration import exact_distribution
+
+        exact_distribution(self.fn, self.target, self.draft, [0], gamma=3, T=4)
+
+    def track_tiny_models_gamma2_T2_seconds(self, impl, device):
+        from harness.enumeration import exact_distribution
+        from harness.lm import PerPrefix
+
+        zoo, target = _models()
+        e = exact_distribution(self.fn, PerPrefix(target), _draft("draft_good"), [zoo.tokenizer().bos], gamma=2, T=2)
+        return e.seconds
+
+    track_tiny_models_gamma2_T2_seconds.unit = "s"
+
+
+def acceptance(target, draft, docs) -> float:
+    """Mean over the positions of held-out documents of sum(min(p, q)) (teacher-forced contexts)."""
+    import torch
+
+    rates = []
+    for doc in docs:
+        p, q = target([doc], len(doc))[0], draft([doc], len(doc))[0]  # (L, V) each
+        rates.append(torch.minimum(p, q).sum(-1))
+    return float(torch.cat(rates).mean())
+
+
+class Acceptance:
+    """Acceptance rate a per draft; tokens per target call against (1 - a^(g+1)) / (1 - a)."""
+
+    params = [DRAFTS, GAMMAS]
+    param_names = ["draft", "gamma"]
+    timeout = 600
+
+    def setup(self, draft, gamma):
+        from harness.lm import TorchRng
+
+        self.zoo, self.target = _models()
+        self.draft = _draft(draft)
+        self.docs = self.zoo.test_corpus(20)
+        self.rng = TorchRng(0)
+
+    def track_acceptance_rate(self, draft, gamma):
+        return acceptance(self.target, self.draft, self.docs)
+
+    track_acceptance_rate.unit = "a"
+
+    def track_tokens_per_call_measured(self, draft, gamma):
+        """Over 20 documents sampled from BOS to EOS (past EOS the models leave their training distribution)."""
+        from impls.speculative.cached import cached
+
+        tok, tokens, calls = self.zoo.tokenizer(), 0, 0
+        for _ in range(20):
+            out = cached(self.target, self.draft, [tok.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=self.rng,
+                         eos=tok.eos)
+            tokens, calls = tokens + len(out.tokens), calls + out.target_calls
+        return tokens / calls
+
+    track_tokens_per_call_measured.unit = "tokens/call"
+
+    def track_tokens_per_call_formula(self, draft, gamma):
+        from harness.speedup import tokens_per_call
+
+        return tokens_per_call(acceptance(self.target, self.draft, self.docs), gamma)
+
+    track_tokens_per_call_formula.unit = "tokens/call"
+
+
+class Grammaticality:
+    """Share of 1000 sampled documents the grammar accepts: the bad draft alone, the target alone, and
+    speculative sampling with the bad draft (exactness says: the target's share, up to sampling noise)."""
+
+    params = [["draft_bad_alone", "target_alone", "speculative_with_draft_bad"]]
+    param_names = ["sampler"]
+    timeout = 1200
+    N_DOCS = 1000
+
+    def setup(self, sampler):
+        self.zoo, self.target = _models()
+
+    def track_grammatical_fraction(self, sampler):
+        zoo = self.zoo
+        if sampler == "draft_bad_alone":
+            return zoo.grammatical_fraction(zoo.sample(zoo.load("draft_bad"), self.N_DOCS, seed=1))
+        if sampler == "target_alone":
+            return zoo.grammatical_fraction(zoo.sample(zoo.load("target"), self.N_DOCS, seed=1))
+        from harness.lm import TorchRng
+        from impls.speculative.batched import speculative_batched
+
+        tok = zoo.tokenizer()
+        outs = speculative_batched(self.target, _draft("draft_bad"), [[tok.bos]] * self.N_DOCS, gamma=2,
+                                   max_new_tokens=zoo.load("target").cfg.block_size - 1, rng=TorchRng(1), eos=tok.eos)
+        return zoo.grammatical_fraction([[tok.bos, *o.tokens] for o in outs])
+
+    track_grammatical_fraction.unit = "fraction"
+
+
+def plain_cached(target, prompt, n: int, rng) -> list[int]:
+    """The baseline: autoregressive sampling with the target's KV cache (one cached step per token)."""
+    from harness.lm import session
+
+    s, out = session(target), []
+    p = s.extend(prompt)[-1]
+    for _ in range(n):
+        out.append(int(rng.categorical(p)))
+        p = s.extend(out[-1:])[-1]
+    return out
+
+
+class WallClock:
+    """Speedup of KV-cached speculative sampling over KV-cached plain sampling (120 tokens from BOS), and
+    the estimate (1 - a^(g+1)) / ((1 - a)(1 + g c)) with c = draft step time / target step time."""
+
+    params = [["draft_good", "draft_bad"], GAMMAS, DEVICES]
+    param_names = ["draft", "gamma", "device"]
+    timeout = 600
+
+    def setup(self, draft, gamma, device):
+        from harness.lm import TorchRng
+
+        import torch
+
+        if resolve_device(device).type != "cpu":
+            raise NotImplementedError("the tiny models' sessions run on the cpu")
+        torch.set_num_threads(1)  # tiny models: a thread pool only adds contention on a shared machine
+        self.zoo, self.target = _models()
+        self.draft = _draft(draft)
+        self.bos = self.zoo.tokenizer().bos
+        self.rng = TorchRng
+
+    def _speculative(self, gamma):
+        from impls.speculative.cached import cached
+
+        cached(self.target, self.draft, [self.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=self.rng(0))
+
+    def time_speculative(self, draft, gamma, device):
+        self._speculative(gamma)
+
+    def track_speedup_measured(self, draft, gamma, device):
+        plain = _median_seconds(lambda: plain_cached(self.target, [self.bos], BOS_TOKENS, self.rng(0)))
+        return plain / _median_seconds(lambda: self._speculative(gamma))
+
+    track_speedup_measured.unit = "x"
+
+    def track_speedup_estimated(self, draft, gamma, device):
+        from harness.lm import session
+        from harness.speedup import speedup
+
+        def step_time(lm):
+            s = session(lm)
+            s.extend([self.bos] * 30)
+            return _median_seconds(lambda: (s.extend([self.bos]), s.rollback(30)), repeat=21)
+
+        c = step_time(self.draft) / step_time(self.target)
+        return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c)
+
+    track_speedup_estimated.unit = "x"

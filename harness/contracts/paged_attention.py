@@ -1,0 +1,93 @@
+"""The paged-attention contract: attention over K/V stored in fixed-size blocks of a shared pool.
+
+    paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None) -> Tensor
+
+* q: (B, H, Nq, d) -- Nq = 1 is decode, Nq > 1 prefill (or a chunk of it).
+* k_cache, v_cache: (num_blocks, Hkv, block_size, d), H divisible by Hkv (query head h reads kv head
+  h // (H // Hkv)).
+* block_tables: (B, max_blocks) integer; sequence b's key j lives at
+  k_cache[block_tables[b, j // block_size], :, j % block_size].
+* seq_lens: (B,) integer, 1 <= seq_lens[b] <= max_blocks * block_size.  Slots past seq_lens[b] in the
+  last block, and table entries past its last block, are garbage (NaN in the tests): never let them
+  reach the output.
+* Per sequence the result is the attention contract's softmax(q k^T * scale) v over its seq_lens[b]
+  keys, causal aligned bottom-right (query i sees key j iff j <= i + seq_lens[b] - Nq); a query row that
+  sees no key returns zeros.  The output has q's shape, dtype and device; inputs are left unchanged.
+Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttention", Sec. 4.1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.contracts import Technique, define
+from harness.guard import check_tensor, guarded_call
+from harness.registry import Impl
+
+PAGED_ATTENTION = define(
+    Technique(
+        name="paged_attention",
+        signature="paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal: bool = False, "
+                  "scale: float | None = None) -> Tensor",
+        summary="exact attention over K/V gathered through per-sequence block tables (vLLM PagedAttention)",
+        properties="properties.test_paged_attention",
+        reference="",
+    )
+)
+
+
+def check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale=None) -> float:
+    """Validate the contract's inputs; return the effective scale. Raises ValueError/TypeError naming the argument."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"paged_attention: {name} must be a floating-point torch.Tensor")
+        if t.dim() != 4:
+            raise ValueError(f"paged_attention: {name} must have 4 dims, got shape {tuple(t.shape)}")
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"paged_attention: {name} must be an integer torch.Tensor")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"paged_attention: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    (B, H, _, d), (num_blocks, Hkv, block_size, dk) = q.shape, k_cache.shape
+    if dk != d:
+        raise ValueError(f"paged_attention: k_cache has head dim {dk} but q has {d}")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"paged_attention: q's {H} heads must be a multiple of k_cache's {Hkv} heads")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"paged_attention: q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B:
+        raise ValueError(f"paged_attention: block_tables must be (B={B}, max_blocks), got {tuple(block_tables.shape)}")
+    if tuple(seq_lens.shape) != (B,):
+        raise ValueError(f"paged_attention: seq_lens must have shape ({B},), got {tuple(seq_lens.shape)}")
+    if block_tables.numel() and not bool(((block_tables >= 0) & (block_tables < num_blocks)).all()):
+        raise ValueError(f"paged_attention: block_tables entries must lie in [0, {num_blocks})")
+    capacity = block_tables.shape[1] * block_size
+    if not bool(((seq_lens >= 1) & (seq_lens <= capacity)).all()):
+        raise ValueError(f"paged_attention: seq_lens must lie in [1, {capacity}] (max_blocks * block_size), "
+                         f"got {seq_lens.tolist()}")
+    if scale is None:
+        return d ** -0.5
+    if not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise ValueError(f"paged_attention: scale must be a finite float or None, got {scale!r}")
+    return float(scale)
+
+
+def key_mask(seq_lens, Nq: int, Nk: int, causal: bool, offset: int = 0):
+    """Bool (B, 1, 1, Nq, Nk) mask of the keys offset..offset+Nk-1 each query may see: inside its
+    sequence, and on or below the bottom-right causal diagonal."""
+    j = offset + torch.arange(Nk, device=seq_lens.device)  # (Nk,)
+    L = seq_lens[:, None, None]  # (B, 1, 1)
+    ok = j[None, None, :] < L  # (B, 1, Nk)
+    if causal:
+        i = torch.arange(Nq, device=seq_lens.device)[None, :, None]  # (1, Nq, 1)
+        ok = ok & (j[None, None, :] <= i + L - Nq)  # (B, Nq, Nk)
+    return ok[:, None, None]  # (B, 1, 1, Nq or 1, Nk)
+
+
+def call(impl: Impl, q, k_cache, v_cache, block_tables, seq_lens, *, causal: bool, scale: float | None):
+    """Call an implementation under guard and check the promised output."""
+    out = guarded_call(impl.fn, q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale,
+                       arg_names=("q", "k_cache", "v_cache", "block_tables", "seq_lens"))
+    return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)

@@ -1,0 +1,1 @@
+"""Paged attention implementations (contract: harness/contracts/paged_attention.py)."""

@@ -1,0 +1,42 @@
+"""Known-wrong paged attention kernels, each gather-then-attend with one real bug switched on.
+
+The tests fill every unused slot with NaN and shuffle the physical blocks, which is what makes these
+bugs visible (as vLLM's kernel tests do).
+"""
+
+import torch
+
+from harness.contracts.paged_attention import check_inputs, key_mask
+from harness.registry import register
+from impls.paged_attention.gather import gather_kv
+
+BUGS = {
+    "reads_last_block_tail": "masks by whole blocks: the unused tail of the last block is attended to",
+    "ignores_block_table": "assumes physical block i is logical block i (contiguous allocation)",
+    "masks_scores_not_values": "masks the scores but multiplies 0 probabilities by the garbage values",
+}
+
+
+def buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None, bug=""):
+    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    (B, H, Nq, d), (_, Hkv, bs, _) = q.shape, k_cache.shape
+    if bug == "ignores_block_table":
+        block_tables = torch.arange(block_tables.shape[1]).expand(B, -1) % k_cache.shape[0]  # (B, max_blocks)
+    k, v = gather_kv(k_cache, block_tables), gather_kv(v_cache, block_tables)  # (B, Hkv, Nk, d)
+    lens = -(-seq_lens // bs) * bs if bug == "reads_last_block_tail" else seq_lens
+    ok = key_mask(lens, Nq, k.shape[2], causal)  # (B, 1, 1, Nq|1, Nk)
+    qg = q.reshape(B, Hkv, H // Hkv, Nq, d)  # (B, Hkv, G, Nq, d)
+    s = (qg @ k[:, :, None].transpose(-1, -2) * scale).masked_fill(~ok, float("-inf"))  # (B, Hkv, G, Nq, Nk)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    if bug != "masks_scores_not_values":
+        v = torch.where(ok.any(dim=3)[..., None], v[:, :, None], 0)  # (B, Hkv, 1, Nk, d)
+    else:
+        v = v[:, :, None]  # (B, Hkv, 1, Nk, d)
+    return (p @ v).reshape(B, H, Nq, d)  # (B, H, Nq, d)
+
+
+for _bug, _what in BUGS.items():
+    register("paged_attention", f"mutant_{_bug}", devices=("cpu", "cuda"), mutant=True, bug=_what,
+             killed_by=("matches_contiguous_attention",))(
+        lambda q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None, _bug=_bug:
+        buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale, bug=_bug))

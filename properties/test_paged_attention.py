@@ -1,0 +1,78 @@
+"""Properties of paged attention (contract: harness/contracts/paged_attention.py).
+
+Every case stores each sequence's K/V in a pool whose physical blocks are shuffled and whose unused
+slots -- the tail of each last block, spare blocks, what padding table entries point at -- are NaN,
+then compares each sequence's output with the attention contract's float64 reference on its
+contiguous K/V, within the tolerance earned by the plain computation in the case's dtype.
+"""
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.contracts.paged_attention import call
+from harness.devices import available, unavailable_reason
+from harness.guard import ContractViolation, guarded_call
+from harness.references import attention64, attention_plain
+from harness.runner import applies
+from harness.strategies import paged_attention_cases
+from harness.tolerance import assert_earned, dtype_of
+
+TECHNIQUE = "paged_attention"
+
+
+def check_against_contiguous(impl, case):
+    q, k_cache, v_cache, tables, seq_lens = case.paged()
+    out = call(impl, q, k_cache, v_cache, tables, seq_lens, causal=case.causal, scale=case.scale)
+    q, kv = case.contiguous()
+    for b, (k, v) in enumerate(kv):
+        qb = q[b:b + 1]  # (1, H, Nq, d)
+        truth = attention64(qb, k, v, causal=case.causal, scale=case.scale)
+        plain = attention_plain(qb, k, v, causal=case.causal, scale=case.scale)
+        assert_earned(out[b:b + 1], truth, plain, dtype_of(case.dtype),
+                      what=f"{impl.name} sequence {b} (of length {case.seq_lens[b]}, block {case.block_size})")
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_matches_contiguous_attention(impl, data):
+    """Any block size, any shuffle of the physical blocks, NaN in every unused slot, decode or prefill, GQA:
+    each sequence's output equals contiguous attention over its own keys."""
+    case = data.draw(paged_attention_cases(dtypes=impl.dtypes, devices=available(impl.devices)), label="case")
+    check_against_contiguous(impl, case)
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_decode_matches_contiguous_attention(impl, data):
+    """Decode (Nq = 1) over sequences of different lengths in one batch, as a serving step runs it."""
+    case = data.draw(paged_attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), max_len=400,
+                                           decode=True), label="case")
+    check_against_contiguous(impl, case)
+
+
+BAD_INPUTS = {
+    "block table entry past the pool": ("block_tables", lambda t, s: (t + 1000, s)),
+    "sequence longer than its table": ("seq_lens", lambda t, s: (t, s + 10_000)),
+    "float block table": ("block_tables", lambda t, s: (t.double(), s)),
+    "seq_lens of the wrong length": ("seq_lens", lambda t, s: (t, s[:0])),
+}
+
+
+@applies(unavailable_reason)
+def test_rejects_bad_input(impl):
+    """Tables and lengths that break the contract raise ValueError/TypeError naming the argument."""
+    q = torch.randn(2, 2, 1, 8, dtype=dtype_of(impl.dtypes[0]))
+    k_cache, v_cache = torch.randn(2, 4, 2, 4, 8, dtype=q.dtype).unbind(0)  # (num_blocks=4, Hkv=2, bs=4, d=8)
+    tables, seq_lens = torch.tensor([[0, 1], [2, 3]]), torch.tensor([5, 8])
+    for name in sorted(BAD_INPUTS):
+        arg, spoil = BAD_INPUTS[name]
+        t, s = spoil(tables, seq_lens)
+        try:
+            guarded_call(impl.fn, q, k_cache, v_cache, t, s, causal=False, scale=None)
+        except ContractViolation as exc:
+            cause = exc.__cause__
+            assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
+            assert arg in str(cause), f"{impl.name} ({name}): '{cause}' does not name {arg}"
+        else:
+            raise AssertionError(f"{impl.name} accepted bad input ({name}) instead of raising")
