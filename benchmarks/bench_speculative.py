@@ -151,6 +151,9 @@ class Grammaticality:
     N_DOCS = 1000
 
     def setup(self, sampler):
+        import torch
+
+        torch.set_num_threads(1)
         self.zoo, self.target = _models()
 
     def track_grammatical_fraction(self, sampler):
@@ -160,12 +163,12 @@ class Grammaticality:
         if sampler == "target_alone":
             return zoo.grammatical_fraction(zoo.sample(zoo.load("target"), self.N_DOCS, seed=1))
         from harness.lm import TorchRng
-        from impls.speculative.batched import speculative_batched
+        from impls.speculative.cached import cached
 
-        tok = zoo.tokenizer()
-        outs = speculative_batched(self.target, _draft("draft_bad"), [[tok.bos]] * self.N_DOCS, gamma=2,
-                                   max_new_tokens=zoo.load("target").cfg.block_size - 1, rng=TorchRng(1), eos=tok.eos)
-        return zoo.grammatical_fraction([[tok.bos, *o.tokens] for o in outs])
+        tok, draft, rng = zoo.tokenizer(), _draft("draft_bad"), TorchRng(1)
+        docs = [[tok.bos, *cached(self.target, draft, [tok.bos], gamma=2, max_new_tokens=BOS_TOKENS, rng=rng,
+                                  eos=tok.eos).tokens] for _ in range(self.N_DOCS)]
+        return zoo.grammatical_fraction(docs)
 
     track_grammatical_fraction.unit = "fraction"
 
@@ -186,14 +189,14 @@ class WallClock:
     """Speedup of KV-cached speculative sampling over KV-cached plain sampling (120 tokens from BOS), and
     the estimate (1 - a^(g+1)) / ((1 - a)(1 + g c)) with c = draft step time / target step time."""
 
-    params = [["draft_good", "draft_bad"], GAMMAS, DEVICES]
+    params = [["draft_good", "draft_bad", "bigram", "trigram"], GAMMAS, DEVICES]
     param_names = ["draft", "gamma", "device"]
     timeout = 600
 
     def setup(self, draft, gamma, device):
-        from harness.lm import TorchRng
-
         import torch
+
+        from harness.lm import TorchRng
 
         if resolve_device(device).type != "cpu":
             raise NotImplementedError("the tiny models' sessions run on the cpu")

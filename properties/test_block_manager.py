@@ -14,8 +14,14 @@ through its block table is its shadow, no write into a block whose count exceeds
 import pytest
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
-    run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from harness.contracts.block_manager import OutOfBlocks, open_manager
 from harness.guard import ContractViolation

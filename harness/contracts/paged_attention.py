@@ -56,7 +56,8 @@ def check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale=None) -> flo
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"paged_attention: q's {H} heads must be a multiple of k_cache's {Hkv} heads")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"paged_attention: q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+        raise ValueError(f"paged_attention: q, k_cache, v_cache must share a dtype, got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}")
     if block_tables.dim() != 2 or block_tables.shape[0] != B:
         raise ValueError(f"paged_attention: block_tables must be (B={B}, max_blocks), got {tuple(block_tables.shape)}")
     if tuple(seq_lens.shape) != (B,):
