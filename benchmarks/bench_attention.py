@@ -18,11 +18,8 @@ class AttentionForward:
 
     def setup(self, impl, device, shape, causal):
         self.device = resolve_device(device)
-        record = resolve_impl("attention", impl, self.device)
+        self.fn = resolve_impl("attention", impl, self.device).fn
         B, H, N, d = map(int, shape.split("x"))
-        if record.cap("max_nq", N) < N:
-            raise NotImplementedError(f"{impl} serves at most {record.cap('max_nq')} queries")
-        self.fn = record.fn
         g = torch.Generator().manual_seed(0)
         self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g).to(self.device) for _ in range(3))
         self.causal = causal

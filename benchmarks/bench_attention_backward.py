@@ -12,7 +12,8 @@ import torch
 from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl, sync
 
 IMPLS = [n for n in impl_names("attention_backward") if n != "reference"]
-LENGTHS = [128, 512, 2048]  # 4096 doubles the naive backward's 4 x (8 x N x N) fp32 matrices to 2 GiB
+LENGTHS = [128, 512, 2048, 4096]
+CPU_MAX_LEN = 2048  # at 4096 the naive backward holds 2.5 GiB of (8, N, N) fp32 matrices; tile loops take minutes
 
 
 class AttentionBackward:
@@ -22,6 +23,8 @@ class AttentionBackward:
 
     def setup(self, impl, device, N):
         self.device = resolve_device(device)
+        if self.device.type == "cpu" and N > CPU_MAX_LEN:
+            raise NotImplementedError(f"N={N} is not affordable on CPU (limit {CPU_MAX_LEN})")
         self.backward = resolve_impl("attention_backward", impl, self.device).fn
         self.forward = resolve_impl("attention", "fa2_lse_64x64", self.device).fn
         g = torch.Generator().manual_seed(0)

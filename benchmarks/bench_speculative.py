@@ -173,20 +173,20 @@ class Grammaticality:
     track_grammatical_fraction.unit = "fraction"
 
 
-def plain_cached(target, prompt, n: int, rng) -> list[int]:
+def plain_cached(target, prompt, n: int, rng, eos=None) -> list[int]:
     """The baseline: autoregressive sampling with the target's KV cache (one cached step per token)."""
     from harness.lm import session
 
     s, out = session(target), []
     p = s.extend(prompt)[-1]
-    for _ in range(n):
+    while len(out) < n and (not out or out[-1] != eos):
         out.append(int(rng.categorical(p)))
         p = s.extend(out[-1:])[-1]
     return out
 
 
 class WallClock:
-    """Speedup of KV-cached speculative sampling over KV-cached plain sampling (120 tokens from BOS), and
+    """Speedup (time per token) of KV-cached speculative over KV-cached plain sampling of documents, and
     the estimate (1 - a^(g+1)) / ((1 - a)(1 + g c)) with c = draft step time / target step time."""
 
     params = [["draft_good", "draft_bad", "bigram", "trigram"], GAMMAS, DEVICES]
@@ -203,20 +203,28 @@ class WallClock:
         torch.set_num_threads(1)  # tiny models: a thread pool only adds contention on a shared machine
         self.zoo, self.target = _models()
         self.draft = _draft(draft)
-        self.bos = self.zoo.tokenizer().bos
+        self.bos, self.eos = self.zoo.tokenizer().bos, self.zoo.tokenizer().eos
         self.rng = TorchRng
 
-    def _speculative(self, gamma):
+    def _seconds_per_token(self, sample) -> float:
+        """Five documents from BOS to EOS, each sampler with the same seeds: wall time / tokens."""
+        start, tokens = time.perf_counter(), 0
+        for seed in range(5):
+            tokens += len(sample(self.rng(seed)))
+        return (time.perf_counter() - start) / tokens
+
+    def _speculative(self, gamma, rng):
         from impls.speculative.cached import cached
 
-        cached(self.target, self.draft, [self.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=self.rng(0))
+        return cached(self.target, self.draft, [self.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=rng,
+                      eos=self.eos).tokens
 
     def time_speculative(self, draft, gamma, device):
-        self._speculative(gamma)
+        self._speculative(gamma, self.rng(0))
 
     def track_speedup_measured(self, draft, gamma, device):
-        plain = _median_seconds(lambda: plain_cached(self.target, [self.bos], BOS_TOKENS, self.rng(0)))
-        return plain / _median_seconds(lambda: self._speculative(gamma))
+        plain = self._seconds_per_token(lambda rng: plain_cached(self.target, [self.bos], BOS_TOKENS, rng, self.eos))
+        return plain / self._seconds_per_token(lambda rng: self._speculative(gamma, rng))
 
     track_speedup_measured.unit = "x"
 

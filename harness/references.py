@@ -36,6 +36,30 @@ def attention_plain(q, k, v, *, causal: bool = False, scale: float | None = None
     return [_softmax_v(s, v, normalize_first) for s, normalize_first in orders]
 
 
+def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float | None = None) -> float:
+    """First-order bound on the output error that rounding the scores alone causes in q's dtype.
+
+    A dot product of length d carries |ds_ij| <= gamma_d * scale * sum_c |q_ic k_jc| with
+    gamma_d = d u / (1 - d u) (Higham, Accuracy and Stability, Thm 3.5), plus u |s_ij| for the
+    scaling.  Softmax turns it into do_i = sum_j p_ij ds_ij (v_j - o_i); the factor e^(2 max|ds|)
+    covers the second-order terms.  At logits of 1e3-1e4 this term, not the arithmetic after it,
+    dominates every correct kernel's error, and it differs from draw to draw of the operation order.
+    """
+    scale = check_inputs(q, k, v, scale)
+    u = torch.finfo(q.dtype).eps / 2
+    d = q.shape[-1]
+    gamma = d * u / (1 - d * u)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    s = _scores(q64, k64, scale, causal)  # (B, Hkv, G, Nq, Nk)
+    ds = gamma * abs(scale) * _scores(q64.abs(), k64.abs(), 1.0, False) + u * s.abs().nan_to_num(0, 0, 0)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    o = p @ v64[:, :, None]  # (B, Hkv, G, Nq, d)
+    spread = (v64[:, :, None, None] - o[..., None, :]).abs()  # (B, Hkv, G, Nq, Nk, d): |v_j - o_i|
+    first_order = ((p * ds)[..., None] * spread).sum(dim=-2)  # (B, Hkv, G, Nq, d)
+    worst = ds.masked_fill(p == 0, 0).max().item() if ds.numel() else 0.0
+    return first_order.max().item() * float(torch.exp(torch.tensor(2 * worst))) if first_order.numel() else 0.0
+
+
 def _softmax_v(s: torch.Tensor, v: torch.Tensor, normalize_first: bool) -> torch.Tensor:
     m = s.amax(dim=-1, keepdim=True)
     p = torch.exp(s - torch.where(torch.isfinite(m), m, 0))  # (B, Hkv, G, Nq, Nk)

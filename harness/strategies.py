@@ -64,13 +64,11 @@ def attention_cases(
     max_len: int = 300,
     causal: bool | None = None,
     magnitude: st.SearchStrategy[float] | None = None,
-    max_nq: int | None = None,  # an implementation's declared cap (split-K decoding serves a few queries)
 ) -> AttentionCase:
     Hkv = draw(st.integers(1, 4))
     H = Hkv * draw(st.sampled_from([g for g in (1, 2, 4) if Hkv * g <= 4]))  # Hkv divides H, H <= 4
     Nk = draw(lengths(max_len))
-    Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)) if max_nq is None  # decode, Nq != Nk, square
-              else st.integers(1, max_nq))
+    Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
     d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, 128)))
     return AttentionCase(
         B=draw(st.integers(1, 2)), H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d,

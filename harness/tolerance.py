@@ -34,11 +34,11 @@ EPS = {dt: torch.finfo(dt).eps for dt in (torch.float64, torch.float32, torch.bf
 TOLERANCES: dict[tuple[str, torch.dtype], Tol] = {
     **{("forward", dt): Tol(k=2.0, floor=16 * eps) for dt, eps in EPS.items()},
     **{("grad", dt): Tol(k=3.0, floor=64 * eps) for dt, eps in EPS.items()},
-    # Logits of 1e3-1e4: each score carries a rounding error of |s| * eps ~ 1e-4 (float32) that
-    # exp() turns into an output error of the same size -- a fresh random draw for every operation
-    # order.  Kernel/plain ratios up to 2.45 were found here by Hypothesis with three plain orders;
-    # an overflowing or unshifted softmax is off by O(1), four orders of magnitude above this bound.
-    **{("large_logits", dt): Tol(k=4.0, floor=16 * eps) for dt, eps in EPS.items()},
+    # Logits of 1e3-1e4: each score carries a rounding error of ~|s| * eps that exp() turns into an
+    # output error of the same size, a fresh random draw for every operation order (kernel/plain
+    # ratios above 4 were found by Hypothesis).  Such comparisons add the score-conditioning bound
+    # of references.attention_score_conditioning (forward error analysis) to FlashAttention's k = 2.
+    **{("large_logits", dt): Tol(k=2.0, floor=16 * eps) for dt, eps in EPS.items()},
     # quantization (harness/contracts/quantization.py).  "quantize": |w - dq(q(w))| <= k * s + floor *
     # (|w| + |dq|): k = 1/2 is the exact-arithmetic bound of rounding to a grid of step s; the floor
     # pays for computing w / s and q * s in T (one rounding each, relative to the values involved).
@@ -75,20 +75,27 @@ def plain_error(truth: torch.Tensor, plains: list[torch.Tensor]) -> float:
     return max((p.double() - truth).abs().max().item() for p in plains) if truth.numel() else 0.0
 
 
-def earned_bound(truth: torch.Tensor, plains: list[torch.Tensor], dtype: torch.dtype, kind: str = "forward") -> float:
-    """The error an implementation in ``dtype`` may make against ``truth`` (float64)."""
+def earned_bound(
+    truth: torch.Tensor, plains: list[torch.Tensor], dtype: torch.dtype, kind: str = "forward",
+    conditioning: float = 0.0,
+) -> float:
+    """The error an implementation in ``dtype`` may make against ``truth`` (float64).
+
+    ``conditioning`` is an error that rounding the inputs of the computation already implies
+    (derived by forward error analysis, never tuned), added for ill-conditioned cases.
+    """
     tol = TOLERANCES[(kind, dtype)]
     plain_err = plain_error(truth, plains)
     scale = max(1.0, truth.abs().max().item()) if truth.numel() else 1.0
-    return tol.k * plain_err + tol.floor * scale
+    return tol.k * plain_err + tol.floor * scale + conditioning
 
 
 def assert_earned(
     out: torch.Tensor, truth: torch.Tensor, plains: list[torch.Tensor], dtype: torch.dtype, *, what: str,
-    kind: str = "forward",
+    kind: str = "forward", conditioning: float = 0.0,
 ) -> None:
     """Assert ``out`` is as close to ``truth`` as the earned bound allows; the message says by how much."""
-    bound = earned_bound(truth, plains, dtype, kind)
+    bound = earned_bound(truth, plains, dtype, kind, conditioning)
     diff = (out.double() - truth).abs()
     err = diff.max().item() if diff.numel() else 0.0
     if not err <= bound:  # also catches NaN

@@ -3,8 +3,8 @@
 Every test taking ``impl`` runs against each registered backward implementation (pytest, via conftest)
 and backs a column of ``python -m harness check attention_backward``.  The backward's inputs o and L come
 from the float64 forward, rounded as a forward in that dtype would deliver them; the truth is float64
-autograd at the same rounded q, k, v, dO.  The laws at the end (D identity, L of every forward that
-returns it) do not take an implementation of this technique.
+autograd at the same rounded q, k, v, dO.  The laws at the end (the D identity, L of every forward that
+declares returns_lse, the CPU memory meter) do not take an implementation of this technique.
 """
 
 import pytest

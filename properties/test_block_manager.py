@@ -92,9 +92,11 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             self.history.append(list(tokens))
             return True
 
+        # Prompts derive from the 8 most recent ones: enough to share and collide, and a bounded choice
+        # keeps shrinking a failing program cheap (the stale-count mutant's kill took 29 s -> 10 s of CPU).
         @rule(data=st.data())
         def allocate(self, data):
-            tokens = data.draw(prompts(self.history, self.B), label="tokens")
+            tokens = data.draw(prompts(self.history[-8:], self.B), label="tokens")
             self.next_id += 1
             self._allocate(self.next_id, tokens)
 
@@ -143,7 +145,7 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         @precondition(lambda self: self.history)
         @rule(data=st.data())
         def lookup_prefix(self, data):
-            tokens = data.draw(prompts(self.history, self.B), label="lookup")
+            tokens = data.draw(prompts(self.history[-8:], self.B), label="lookup")
             cached = self.m.lookup_prefix(tokens)
             assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"lookup_prefix reported {cached}"
 

@@ -7,6 +7,8 @@ were alone, never lets unused (NaN-filled) slots reach an output, and computes G
 repeated kv heads.
 """
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given
@@ -21,6 +23,22 @@ from harness.strategies import DecodeCase, decode_cases
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
 
 TECHNIQUE = "kvcache"
+
+
+def single_threaded(test):
+    """Run the test with one intra-op thread: these models are tiny, and on a loaded 2-core machine a
+    second OpenMP thread turns every 20 us LayerNorm into ~10 ms of waiting for its partner."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return test(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
 
 
 def exact_only(impl):
@@ -56,10 +74,11 @@ class Forward:
                       kind=self.kind)
 
 
+@single_threaded
 @given(data=st.data())
 def test_prefill_then_steps_equal_forward(impl, data):
     """For every split k: prefill(seq[:k]) then steps over seq[k:] give the full forward's logits."""
-    case = draw(data, impl, ragged=False, batch=(1, 2), max_prompt=5, max_steps=3)
+    case = draw(data, impl, ragged=False, batch=(1, 2), max_prompt=4, max_steps=3)
     model, seqs = case.model(), case.sequences()
     forwards, n = [Forward(impl, model, s) for s in seqs], len(seqs[0])
     for k in range(1, n + 1):
@@ -70,6 +89,7 @@ def test_prefill_then_steps_equal_forward(impl, data):
             forward.check(logits[b], k - 1, case.dtype, what=f"{impl.name}: row {b}, prefill {k} of {n} tokens")
 
 
+@single_threaded
 @given(data=st.data())
 def test_unused_slots_never_leak(impl, data):
     """With far more capacity than used (max_len up to the block size), the logits stay finite and exact."""
@@ -80,6 +100,7 @@ def test_unused_slots_never_leak(impl, data):
         Forward(impl, model, seq).check(logits[b], len(case.prompts[b]) - 1, case.dtype, what=f"{impl.name}: row {b}")
 
 
+@single_threaded
 @given(data=st.data())
 def test_ragged_batch_equals_alone(impl, data):
     """Row b of a batch of ragged prompts decodes exactly as sequence b decoded on its own (float64)."""
@@ -95,6 +116,7 @@ def test_ragged_batch_equals_alone(impl, data):
 
 
 @applies(exact_only)
+@single_threaded
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_sampling_matches_recompute(impl, data, seed):
     """Sampling with the same seed draws the same tokens as the recompute oracle (float64 models)."""
@@ -111,6 +133,7 @@ def test_sampling_matches_recompute(impl, data, seed):
     assert runs[0] == runs[1], f"{impl.name} sampled {runs[0]}, recompute sampled {runs[1]}"
 
 
+@single_threaded
 @given(data=st.data())
 def test_gqa_equals_mha_with_repeated_kv(impl, data):
     """A GQA model decodes exactly as the MHA model whose kv heads are its own, each repeated per group."""
@@ -128,6 +151,7 @@ def test_gqa_equals_mha_with_repeated_kv(impl, data):
     assert err <= FLOAT64_IDENTITY * max(1.0, want.abs().max().item()), f"{impl.name}: GQA vs MHA differ by {err:.3g}"
 
 
+@single_threaded
 def test_bad_input_is_rejected(impl):
     """Empty/2-D/too-long prompts, out-of-vocabulary ids, step before prefill and past max_len raise ValueError."""
     case = DecodeCase(n_layer=1, n_head=2, n_kv_head=1, head_dim=2, positions="rotary", vocab=5,

@@ -24,6 +24,16 @@ from harness.models.world import (
 from harness.tolerance import RECORDED_METRIC_RTOL
 
 seeds = st.integers(0, 2**31 - 1)
+
+
+@pytest.fixture(autouse=True)
+def single_threaded():
+    """Small models: on a loaded 2-core machine a second OpenMP thread costs ~10 ms of waiting per op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 OTHER_NUMBER = {w: pair[1 - i] for pairs in VERBS.values() for pair in pairs for i, w in enumerate(pair)}
 
 

@@ -18,7 +18,7 @@ def fa1_attention(q, k, v, *, causal=False, scale=None, Br=32, Bc=32):
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t = accumulator_dtype(q.dtype)
     qg = q.reshape(B, Hkv, H // Hkv, Nq, d).to(acc_t)  # (B, Hkv, G, Nq, d)
-    O = torch.zeros(qg.shape, dtype=acc_t, device=q.device)  # "HBM" output, normalized at all times
+    O = torch.zeros(qg.shape, dtype=acc_t, device=q.device)  # noqa: E741 - the "HBM" output, normalized at all times
     l = torch.zeros(qg.shape[:-1], dtype=acc_t, device=q.device)  # noqa: E741 - (B, Hkv, G, Nq)
     m = torch.full(qg.shape[:-1], float("-inf"), dtype=acc_t, device=q.device)
     for j0 in range(0, Nk, Bc):

@@ -68,7 +68,7 @@ def fa2_lazy_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256):
     return out.reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 
-for _Br, _Bc in ((128, 256), (256, 256), (64, 128), (17, 33)):
+for _Br, _Bc in ((128, 256), (128, 512), (17, 33)):
     register(
         "attention", f"fa2_lazy_rescale_{_Br}x{_Bc}", devices=("cpu", "cuda"),
         cite="Dao 2023, FlashAttention-2, Algorithm 1 + FlashAttention-4 conditional rescaling",

@@ -1,10 +1,12 @@
-"""Split-K ("flash decoding") attention: a few queries against a long KV cache.
+"""Split-K ("flash decoding") attention: one query (or a few) against a long KV cache.
 
 The keys are cut into P partitions of `split` keys; each partition's partial (m, l, acc) is
 computed independently (on a GPU by its own thread block, so a single query still fills the
 machine), then the partials are combined by a log2(P)-deep tree of the (m, l, o) merge of
 impls/attention/merge.py.  Invariant: each partial is exact over its own keys, and merging two
 disjoint partials gives the partial of their union -- rescaled to the larger max, e^(m_i - m).
+Exact for any Nq, but built for decoding: the scores of all partitions exist at once, O(Nq Nk)
+per head like the naive kernel, which is nothing at Nq = 1 and wasteful for long prompts.
 Dao, Haziza, Massa & Sizov 2023, "Flash-Decoding for long-context inference" (PyTorch blog).
 """
 
@@ -17,15 +19,11 @@ from harness.contracts.attention import check_inputs
 from harness.registry import register
 from impls.attention.merge import Partial, accumulator_dtype, finalize, merge, partial
 
-MAX_NQ = 8  # decoding (Nq = 1) and short speculative-decoding drafts; scores are (Nq, Nk) per head
-
 
 def partition_partials(q, k, v, *, causal, scale, split):
     """One partial per key partition, the partition axis at dim 3: m, l (B, Hkv, G, P, Nq), acc (..., d)."""
     scale = check_inputs(q, k, v, scale)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
-    if Nq > MAX_NQ:
-        raise ValueError(f"attention: split-K decoding takes q with at most {MAX_NQ} queries, got Nq = {Nq}")
     acc_t, P = accumulator_dtype(q.dtype), max(1, math.ceil(Nk / split))
     kv_shape = (B, Hkv, 1, P, split, d)  # keys padded to P * split, then cut into partitions
     kp = F.pad(k, (0, 0, 0, P * split - Nk)).to(acc_t).reshape(kv_shape)  # (B, Hkv, 1, P, S, d)
@@ -57,6 +55,6 @@ def splitk_attention(q, k, v, *, causal=False, scale=None, split=32):
 for _split in (32, 7):
     register(
         "attention", f"splitk_decode_{_split}", devices=("cpu", "cuda"),
-        cite="Dao et al. 2023, Flash-Decoding", caps={"max_nq": MAX_NQ, "split": _split},
+        cite="Dao et al. 2023, Flash-Decoding", caps={"split": _split},
     )(lambda q, k, v, *, causal=False, scale=None, _split=_split: splitk_attention(
         q, k, v, causal=causal, scale=scale, split=_split))

@@ -93,6 +93,8 @@ if importlib.util.find_spec("triton") is not None:  # the "triton" extra; withou
     register("attention", "triton_fa2", devices=("cuda",), dtypes=("float32", "float16", "bfloat16"), cite=_CITE,
              caps={"Br": 64, "Bc": 64, "tiled": True, "returns_lse": True, "triton": True})(_registered(64, 64))
     if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter runs the same kernel on CPU tensors
+        # The native block sizes: what passes here is the configuration CUDA runs (and bigger blocks mean
+        # fewer programs and loop trips, which is what the interpreter's time goes into).
         register("attention", "triton_fa2_interpret", devices=("cpu",), dtypes=("float32",), cite=_CITE,
-                 caps={"Br": 16, "Bc": 16, "tiled": True, "returns_lse": True, "triton": True, "max_len": 80})(
-            _registered(16, 16))
+                 caps={"Br": 64, "Bc": 64, "tiled": True, "returns_lse": True, "triton": True, "max_len": 80})(
+            _registered(64, 64))

@@ -118,4 +118,4 @@ if importlib.util.find_spec("triton") is not None:  # the "triton" extra; withou
              cite=_CITE, caps={"Br": 64, "Bc": 64, "tiled": True, "triton": True})(_registered(64, 64))
     if os.environ.get("TRITON_INTERPRET") == "1":
         register("attention_backward", "triton_fa2_interpret", devices=("cpu",), dtypes=("float32",), cite=_CITE,
-                 caps={"Br": 16, "Bc": 16, "tiled": True, "triton": True, "max_len": 48})(_registered(16, 16))
+                 caps={"Br": 64, "Bc": 64, "tiled": True, "triton": True, "max_len": 80})(_registered(64, 64))

@@ -2,7 +2,8 @@
 
 For logical blocks j = 0, c, 2c, ... the kernel reads physical blocks block_tables[:, j:j+c] straight
 from the pool, scores them, masks slots past seq_lens[b] (and above the causal diagonal), and merges
-the partial into the running one; K/V are never copied into a contiguous buffer.  c = 1 is the
+the partial into the running one; K/V are never rearranged into a contiguous (B, Hkv, N, d) buffer:
+scores and products are computed per block, in the pool's own block-major layout.  c = 1 is the
 PagedAttention V1 loop (one block per step); c = 512 / block_size is V2's split into 512-token
 partitions whose partials are reduced at the end.  Invariant: the running partial is exact softmax
 attention over the keys seen so far.  Kwon et al. 2023, Sec. 4.1; merge: Milakov & Gimelshein 2018.
@@ -12,7 +13,7 @@ import torch
 
 from harness.contracts.paged_attention import check_inputs, key_mask
 from harness.registry import register
-from impls.attention.merge import accumulator_dtype, finalize, identity, merge, partial
+from impls.attention.merge import Partial, accumulator_dtype, finalize, identity, merge
 
 
 def blockwise_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None,
@@ -21,17 +22,25 @@ def blockwise_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, ca
     (B, H, Nq, d), (_, Hkv, bs, _) = q.shape, k_cache.shape
     acc_t = accumulator_dtype(q.dtype)
     c = max(1, (partition_tokens or bs) // bs)  # blocks per step
-    qg = q.reshape(B, Hkv, H // Hkv, Nq, d).to(acc_t) * scale  # (B, Hkv, G, Nq, d)
-    total = identity(qg.shape[:-1], d, dtype=acc_t, device=q.device)
+    G = H // Hkv
+    qg = q.reshape(B, Hkv, G * Nq, d).to(acc_t) * scale  # (B, Hkv, G*Nq, d): head h reads kv head h // G
+    total = identity((B, Hkv, G, Nq), d, dtype=acc_t, device=q.device)
     used_blocks = -(-int(seq_lens.max()) // bs)  # table entries past every sequence's end are padding
     for j in range(0, used_blocks, c):
         ids = block_tables[:, j:min(j + c, used_blocks)]  # (B, c)
-        k = k_cache[ids].permute(0, 2, 1, 3, 4).flatten(2, 3).to(acc_t)  # (B, Hkv, c*bs, d)
-        v = v_cache[ids].permute(0, 2, 1, 3, 4).flatten(2, 3).to(acc_t)
-        ok = key_mask(seq_lens, Nq, k.shape[2], causal, offset=j * bs)  # (B, 1, 1, Nq|1, c*bs)
-        s = (qg @ k[:, :, None].transpose(-1, -2)).masked_fill(~ok, float("-inf"))  # (B, Hkv, G, Nq, c*bs)
-        v = torch.where(ok.any(dim=3)[..., None], v[:, :, None], 0)  # (B, Hkv, 1, c*bs, d): garbage -> 0
-        total = merge(total, partial(s, v))
+        n = ids.shape[1] * bs
+        k = k_cache.index_select(0, ids.reshape(-1)).view(B, -1, Hkv, bs, d).to(acc_t)  # (B, c, Hkv, bs, d)
+        v = v_cache.index_select(0, ids.reshape(-1)).view(B, -1, Hkv, bs, d).to(acc_t)  # block-major, as stored
+        ok = key_mask(seq_lens, Nq, n, causal, offset=j * bs)  # (B, 1, 1, Nq|1, c*bs)
+        v.masked_fill_(~ok.any(dim=3).reshape(B, -1, 1, bs, 1), 0)  # our own copy: garbage slots -> 0
+        s = qg[:, None] @ k.transpose(-1, -2)  # (B, c, Hkv, G*Nq, bs): every block scored where it lies
+        s = s.reshape(B, -1, Hkv, G, Nq, bs).permute(0, 2, 3, 4, 1, 5).reshape(B, Hkv, G, Nq, n)
+        s = s.masked_fill(~ok, float("-inf"))  # (B, Hkv, G, Nq, c*bs)
+        m = s.amax(dim=-1)  # (B, Hkv, G, Nq): the partial of this group of blocks (as merge.partial)
+        p = torch.exp(s - torch.where(torch.isfinite(m), m, 0)[..., None])  # (B, Hkv, G, Nq, c*bs)
+        p_blocks = p.reshape(B, Hkv, G * Nq, -1, bs).permute(0, 3, 1, 2, 4)  # (B, c, Hkv, G*Nq, bs)
+        acc = (p_blocks @ v).sum(dim=1).reshape(B, Hkv, G, Nq, d)  # per-block products, summed over blocks
+        total = merge(total, Partial(m, p.sum(dim=-1), acc))
     return finalize(total).to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 

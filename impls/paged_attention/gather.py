@@ -24,12 +24,15 @@ def gather_kv(cache, block_tables):
 def gather_then_attend(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None):
     scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale)
     (B, H, Nq, d), Hkv = q.shape, k_cache.shape[1]
-    k, v = gather_kv(k_cache, block_tables), gather_kv(v_cache, block_tables)  # (B, Hkv, Nk, d)
-    ok = key_mask(seq_lens, Nq, k.shape[2], causal)  # (B, 1, 1, Nq|1, Nk)
-    qg = q.reshape(B, Hkv, H // Hkv, Nq, d)  # (B, Hkv, G, Nq, d)
-    s = (qg @ k[:, :, None].transpose(-1, -2) * scale).masked_fill(~ok, float("-inf"))  # (B, Hkv, G, Nq, Nk)
-    m = s.amax(dim=-1, keepdim=True)
+    used = -(-int(seq_lens.max()) // k_cache.shape[2])  # table entries past every sequence's end: never gathered
+    k, v = gather_kv(k_cache, block_tables[:, :used]), gather_kv(v_cache, block_tables[:, :used])  # (B, Hkv, Nk, d)
+    Nk = k.shape[2]
+    ok = key_mask(seq_lens, Nq, Nk, causal)  # (B, 1, 1, Nq|1, Nk)
+    v.masked_fill_(~ok.any(dim=3).reshape(B, 1, Nk, 1), 0)  # our own copy: garbage slots -> 0 (0 * NaN = NaN)
+    qg = (q * scale).reshape(B, Hkv, H // Hkv * Nq, d)  # (B, Hkv, G*Nq, d): head h reads kv head h // G
+    s = (qg @ k.transpose(-1, -2)).reshape(B, Hkv, H // Hkv, Nq, Nk).masked_fill(~ok, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # (B, Hkv, G, Nq, 1)
     p = torch.exp(s - torch.where(torch.isfinite(m), m, 0))
     l = p.sum(dim=-1, keepdim=True)  # noqa: E741
-    v = torch.where(ok.any(dim=3)[..., None], v[:, :, None], 0)  # (B, Hkv, 1, Nk, d): garbage slots -> 0
-    return ((p / torch.where(l > 0, l, 1)) @ v).reshape(B, H, Nq, d)  # (B, H, Nq, d)
+    p = (p / torch.where(l > 0, l, 1)).reshape(B, Hkv, H // Hkv * Nq, Nk)  # (B, Hkv, G*Nq, Nk)
+    return (p @ v).reshape(B, H, Nq, d)  # (B, H, Nq, d)
