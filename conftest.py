@@ -7,6 +7,12 @@ TECHNIQUE to which it applies; mutants are exercised by properties/test_mutants.
 
 import os
 
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels (the [test] extra installs Triton) run under its CPU interpreter here, at the
+    # small sizes they declare; on a GPU machine they run natively.  Set before any impl is imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import settings
 
 from harness.profiles import register_profiles
@@ -14,6 +20,11 @@ from harness.registry import impls
 
 register_profiles()
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each xdist worker gets one intra-op thread: two workers x two OpenMP threads on two cores
+    # spin-wait on each other (a 0.2 s call took 8 s that way).
+    torch.set_num_threads(1)
 
 
 def pytest_generate_tests(metafunc):

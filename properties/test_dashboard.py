@@ -34,10 +34,15 @@ def _ensure_chromium() -> tuple[str, str]:
     return shutil.which("chromium"), shutil.which("chromedriver")
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # one line per request would bury the test output
+        pass
+
+
 @pytest.fixture(scope="module")
 def server():
     assert (HTML / "index.html").is_file(), "results/html is not published: run `asv publish` first"
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
+    handler = functools.partial(QuietHandler, directory=str(HTML))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/index.html"

@@ -46,12 +46,16 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary embedding of x (B, heads, T, d) at positions (B, T): pairs (i, i + d/2) turn by pos * base^(-2i/d)."""
-    d = x.shape[-1]
-    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)  # (d/2,)
+def rotary(positions: torch.Tensor, d: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (B, 1, T, d/2) of the angles pos * base^(-2i/d), computed in float64 once per forward."""
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=positions.device) / d)  # (d/2,)
     angles = (positions.to(torch.float64)[..., None] * freqs)[:, None]  # (B, 1, T, d/2)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (B, heads, T, d): the pair (i, i + d/2) turns by the angle whose cos, sin are given."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, heads, T, d)
 
@@ -65,13 +69,13 @@ class CausalSelfAttention(nn.Module):
         self.kv = nn.Linear(cfg.n_embd, 2 * cfg.n_kv_head * d, bias=False)
         self.proj = nn.Linear(cfg.n_head * d, cfg.n_embd, bias=False)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor):
-        """x (B, T, D) -> q (B, H, T, d), k and v (B, Hkv, T, d), rotary applied to q and k."""
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
+        """x (B, T, D) -> q (B, H, T, d), k and v (B, Hkv, T, d), rotary (cos, sin) applied to q and k."""
         cfg, (B, T, _) = self.cfg, x.shape
         q = self.q(x).view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)  # (B, H, T, d)
         k, v = self.kv(x).view(B, T, 2, cfg.n_kv_head, cfg.head_dim).permute(2, 0, 3, 1, 4)  # (B, Hkv, T, d) each
-        if cfg.positions == "rotary":
-            q, k = rotate(q, positions, cfg.rope_base), rotate(k, positions, cfg.rope_base)
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
         return q, k, v
 
     def output(self, y: torch.Tensor) -> torch.Tensor:
@@ -87,8 +91,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
                                  nn.Linear(4 * cfg.n_embd, cfg.n_embd))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Callable) -> torch.Tensor:
-        q, k, v = self.attn.project(self.ln_1(x), positions)
+    def forward(self, x: torch.Tensor, rope, attend: Callable) -> torch.Tensor:
+        q, k, v = self.attn.project(self.ln_1(x), rope)
         x = x + self.attn.output(attend(q, k, v))
         return x + self.mlp(self.ln_2(x))
 
@@ -116,8 +120,9 @@ class GPT(nn.Module):
         x = self.wte(idx)  # (B, T, D)
         if self.wpe is not None:
             x = x + self.wpe(positions)
+        rope = rotary(positions, self.cfg.head_dim, self.cfg.rope_base, x.dtype) if self.wpe is None else None
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, lambda q, k, v, layer=layer: attend(layer, q, k, v))
+            x = block(x, rope, lambda q, k, v, layer=layer: attend(layer, q, k, v))
         return self.lm_head(self.ln_f(x))  # (B, T, V)
 
     def check_inputs(self, idx: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:

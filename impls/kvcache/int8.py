@@ -36,9 +36,14 @@ class Int8Decoder(StaticDecoder):
             self.scales[layer, i, self.rows, self.positions] = scale
 
     def attend(self, layer, q, k, v):
+        if layer == 0:
+            self.span = self.read_span()
+            self.mask = self.visible()[..., : self.span]  # (B, T, span)
         self.write(layer, k, v)
-        K, V = (self.codes[layer].to(self.dtype) * self.scales[layer]).transpose(2, 3)  # (B, Hkv, S, d) each
-        return masked_attention(q, K, V, self.visible())
+        n = self.span
+        codes, scales = self.codes[layer, :, :, :n], self.scales[layer, :, :, :n]  # (k|v, B, n, Hkv, ...)
+        K, V = (codes.to(self.dtype) * scales).transpose(2, 3)  # (B, Hkv, n, d) each
+        return masked_attention(q, K, V, self.mask)
 
 
 register("kvcache", "int8", dtypes=("float64", "float32"),

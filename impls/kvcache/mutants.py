@@ -69,6 +69,9 @@ class MaskIgnoresCacheLength(StaticDecoder):
 class ReadsUnwrittenSlots(StaticDecoder):
     """Decode steps attend over the whole preallocated cache, unused slots included."""
 
+    def read_span(self):
+        return self.max_len
+
     def visible(self):
         if self.positions.shape[1] > 1:
             return super().visible()

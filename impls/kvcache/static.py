@@ -1,6 +1,7 @@
 """Static cache (gpt-fast): k, v preallocated for max_len positions and written in place at each token's position.
 
-Slot j of sequence b holds the token at position j; a query at position p reads slots 0..p.
+Slot j of sequence b holds the token at position j; a query at position p reads slots 0..p (only the
+slots up to the batch's furthest position are read at all, so a step costs O(length), not O(max_len)).
 Unused slots are NaN from allocation on, so reading one would poison the output.  Invariant: slots
 0..len_b - 1 hold exactly sequence b's keys/values.  PyTorch gpt-fast, model.py KVCache.update.
 """
@@ -26,10 +27,17 @@ class StaticDecoder(CachedDecoder):
         slots = torch.arange(self.max_len)
         return slots[None, None, :] <= self.positions[:, :, None]  # (B, T, S)
 
+    def read_span(self):
+        """Slots worth reading: up to the furthest position in the batch (the mask handles shorter rows)."""
+        return int(self.positions.max()) + 1
+
     def attend(self, layer, q, k, v):
+        if layer == 0:  # the same positions in every layer
+            self.span = self.read_span()
+            self.mask = self.visible()[..., : self.span]  # (B, T, span)
         self.write(layer, k, v)
-        K, V = self.cache[layer].transpose(2, 3)  # (B, Hkv, S, d) each
-        return masked_attention(q, K, V, self.visible())
+        K, V = self.cache[layer, :, :, : self.span].transpose(2, 3)  # (B, Hkv, span, d) each
+        return masked_attention(q, K, V, self.mask)
 
 
 register("kvcache", "static", dtypes=("float64", "float32"),
