@@ -113,8 +113,21 @@ class DecodeBatch:
     track_us_per_token.unit = "us/token"
 
 
-class CachedVsRecompute:
-    """Generating n tokens from a 1-token prompt: recompute time / cached time, in one run (goal >= 10x at 512)."""
+class OneThread:
+    """Timed with one intra-op thread, restored afterwards: on a shared 2-core machine a second OpenMP
+    thread makes small ops wait for their partner, and both sides of a ratio must run alike."""
+
+    def setup(self, *params):
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def teardown(self, *params):
+        torch.set_num_threads(self.threads)
+
+
+class CachedVsRecompute(OneThread):
+    """Generating n tokens from a 1-token prompt: recompute time / cached time, in one run (goal >= 10x at 512,
+    growing roughly linearly with n: recompute's step n is a full forward over n tokens, a cached one is not)."""
 
     params = [CACHES, DEVICES, [64, 128, 256, 512]]
     param_names = ["impl", "device", "n"]
@@ -125,6 +138,7 @@ class CachedVsRecompute:
         self.cached = resolve_impl("kvcache", impl, torch.device(device)).fn
         self.recompute = resolve_impl("kvcache", "recompute", torch.device(device)).fn
         self.model, self.prompt = small_model(), [tokens(1)[0]]
+        super().setup()
 
     def track_recompute_over_cached(self, impl, device, n):
         cached = seconds(lambda: generate(self.cached(self.model, n), self.prompt, n))
@@ -134,14 +148,16 @@ class CachedVsRecompute:
     track_recompute_over_cached.unit = "speedup"
 
 
-class MemoryRoofline:
+class MemoryRoofline(OneThread):
     """Batch-1 decode of a ~101M-parameter model (d=1024, 8 layers, float32): weight bytes read per step
     / step time, as a fraction of the read bandwidth of a chain of 4096 x 4096 matrix-vector products
-    measured in the same run (goal >= 0.85: the whole decoder at the memory roofline)."""
+    measured in the same run, same process and thread count, the two timed alternately so that load
+    drifts hit both (goal >= 0.85: the whole decoder at the memory roofline)."""
 
     params = [CACHES, DEVICES]
     param_names = ["impl", "device"]
     timeout = 600
+    ROUNDS = 16
 
     def setup(self, impl, device):
         from harness.models.gpt import GPT, GPTConfig
@@ -154,32 +170,33 @@ class MemoryRoofline:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                 if p is not self.model.wte.weight)  # a step reads one embedding row
         self.matrices = [torch.randn(4096, 4096) for _ in range(6)]  # 6 x 64 MiB: far beyond any cache
+        self.matrix_bytes = sum(w.numel() * w.element_size() for w in self.matrices)
+        super().setup()
 
-    def matvec_bandwidth(self) -> float:
-        x = torch.randn(4096)
+    def chain(self) -> None:
+        y = torch.randn(4096)
+        for w in self.matrices:
+            y = w @ y  # (4096,)
 
-        def chain():
-            y = x
-            for w in self.matrices:
-                y = w @ y
-        return sum(w.numel() * w.element_size() for w in self.matrices) / seconds(chain, repeat=5)
-
-    def decode_bandwidth(self) -> float:
-        decoder = self.make(self.model, 64)
+    def bandwidths(self) -> tuple[float, float]:
+        """(decode, matvec) bytes/s: medians over ROUNDS alternating decode steps and matvec chains."""
+        decoder = self.make(self.model, 16 + self.ROUNDS + 1)
         logits = decoder.prefill([tokens(16)[0]])
-        times = []
-        for _ in range(16):
+        steps, chains = [], []
+        for _ in range(self.ROUNDS):
+            chains.append(seconds(self.chain, repeat=1))
             start = time.perf_counter()
             logits = decoder.step(logits.argmax(-1))
-            times.append(time.perf_counter() - start)
-        return self.weight_bytes / statistics.median(times)
+            steps.append(time.perf_counter() - start)
+        return self.weight_bytes / statistics.median(steps), self.matrix_bytes / statistics.median(chains)
 
     def track_fraction_of_matvec_bandwidth(self, impl, device):
-        return self.decode_bandwidth() / self.matvec_bandwidth()
+        decode, matvec = self.bandwidths()
+        return decode / matvec
 
     track_fraction_of_matvec_bandwidth.unit = "fraction"
 
     def track_matvec_gb_per_s(self, impl, device):
-        return self.matvec_bandwidth() / 1e9
+        return self.bandwidths()[1] / 1e9
 
     track_matvec_gb_per_s.unit = "GB/s"

@@ -176,13 +176,18 @@ def exact_distribution(
         if (ctx, budget) in table:
             return table[(ctx, budget)]
         out: dict[tuple[int, ...], float] = defaultdict(float)
-        for (kind, tokens), prob in list(explore(one_run(ctx, budget), bar)):
+        cut: dict[tuple[int, ...], float] = defaultdict(float)  # round one's tokens -> P(round one emits them)
+        for (kind, tokens), prob in explore(one_run(ctx, budget), bar):
             counts["runs"] += 1
             if kind == "done" or len(tokens) >= budget:
                 out[tokens[:budget]] += prob
             else:
-                for tail, q in dist(ctx + tokens, budget - len(tokens)).items():
-                    out[tokens + tail] += prob * q
+                cut[tokens] += prob
+        # Composed once per distinct round outcome, not once per run: thousands of runs (the drafts a
+        # rejection discards) end in the same tokens, and each would otherwise walk the whole sub-distribution.
+        for tokens, prob in cut.items():
+            for tail, q in dist(ctx + tokens, budget - len(tokens)).items():
+                out[tokens + tail] += prob * q
         table[(ctx, budget)] = dict(out)
         return table[(ctx, budget)]
 

@@ -144,44 +144,55 @@ def inject_outlier(model: nn.Module, layer: int = OUTLIER_LAYER, factor: float =
     return model, channel
 
 
-def main(argv: list[str] | None = None) -> None:
+def tables(n_docs: int = 200, n_calib_docs: int = 50) -> dict:
+    """The seeds' experiments on the tiny target: weight statistics, the NLL grid, the outlier table."""
     from harness.models.world import corpus
     from harness.models.zoo import WEIGHTS, load, nll_per_token, test_corpus
 
+    torch.manual_seed(0)
+    target, docs = load("target"), test_corpus(n_docs)
+    calib_docs = corpus(n_calib_docs, seed=12345)  # not the test seed: calibration never sees test data
+    w = ffn_matrix(target)
+    injected, channel = inject_outlier(target)  # a modified copy
+    outliers = [["float (no quantization)", nll_per_token(target, docs), nll_per_token(injected, docs)]]
+    for label, impl, bits in OUTLIER_SCHEMES:
+        outliers.append([label, *(nll_per_token(activation_quantized(m, impl, bits, calib_docs), docs)
+                                  for m in (target, injected))])
+    return {
+        "docs": len(docs), "stats": weight_statistics(w), "channel": channel,
+        "base": nll_per_token(target, docs),
+        "draft": nll_per_token(load("draft_good"), docs) if (WEIGHTS / "draft_good.safetensors").exists() else math.nan,
+        "granularities": [label for label, _, _ in GRANULARITIES],
+        "nll": [[bits, *(nll_per_token(weight_quantized(target, bits, gran, g), docs) for _, gran, g in GRANULARITIES)]
+                for bits in BITS],
+        "bits_per_weight_at_4": [bits_per_weight(4, w.shape[1], gran, g, w.shape[0]) for _, gran, g in GRANULARITIES],
+        "d_model": w.shape[1], "outliers": outliers,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m harness.quant_experiments", description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=200, help="held-out test documents (default 200)")
     p.add_argument("--calib-docs", type=int, default=50, help="calibration documents for SmoothQuant")
     args = p.parse_args(argv)
-    torch.manual_seed(0)
-    target, docs = load("target"), test_corpus(args.docs)
-    calib_docs = corpus(args.calib_docs, seed=12345)  # not the test seed: calibration never sees test data
-
+    t = tables(args.docs, args.calib_docs)
     print("1. Weight statistics of blocks[0].mlp[0].weight (the seeds: max |w| 0.323, std 0.067)")
-    for key, value in weight_statistics(ffn_matrix(target)).items():
+    for key, value in t["stats"].items():
         print(f"   {key:<26} {value:.4g}")
-
-    base = nll_per_token(target, docs)
-    print(f"\n2. Test NLL (nats/token, {len(docs)} docs), block Linears weight-quantized (absmax, RTN)")
-    draft = nll_per_token(load("draft_good"), docs) if (WEIGHTS / "draft_good.safetensors").exists() else math.nan
-    print(f"   unquantized target {base:.4f}   good draft {draft:.4f}")
-    print(f"   {'bits':<6}" + "".join(f"{label:>14}" for label, _, _ in GRANULARITIES))
-    w = ffn_matrix(target)
-    for bits in BITS:
-        row = [nll_per_token(weight_quantized(target, bits, gran, g), docs) for _, gran, g in GRANULARITIES]
+    print(f"\n2. Test NLL (nats/token, {t['docs']} docs), block Linears weight-quantized (absmax, RTN)")
+    print(f"   unquantized target {t['base']:.4f}   good draft {t['draft']:.4f}")
+    print(f"   {'bits':<6}" + "".join(f"{label:>14}" for label in t["granularities"]))
+    for bits, *row in t["nll"]:
         print(f"   {bits:<6}" + "".join(f"{v:>14.4f}" for v in row))
-    cost = [bits_per_weight(4, w.shape[1], gran, g, w.shape[0]) for _, gran, g in GRANULARITIES]
-    print("   bits/weight at 4 bits incl. 16-bit scales (FFN matrix): " + ", ".join(f"{c:.3f}" for c in cost))
-    print(f"   note: d_model = {w.shape[1]}, so group 128 equals per channel for every Linear whose input is "
+    print("   bits/weight at 4 bits incl. 16-bit scales (FFN matrix): "
+          + ", ".join(f"{c:.3f}" for c in t["bits_per_weight_at_4"]))
+    print(f"   note: d_model = {t['d_model']}, so group 128 equals per channel for every Linear whose input is "
           "d_model (q, kv, proj, FFN-in); it differs only for the FFN-out Linear (input 4 d_model)")
-
-    injected, channel = inject_outlier(target)
-    print(f"\n3. Outlier injection: block {OUTLIER_LAYER} ln_2 channel {channel} x{OUTLIER_FACTOR:g}, "
+    print(f"\n3. Outlier injection: block {OUTLIER_LAYER} ln_2 channel {t['channel']} x{OUTLIER_FACTOR:g}, "
           f"FFN-in column / {OUTLIER_FACTOR:g}")
     print(f"   {'scheme':<38}{'original':>12}{'injected':>12}")
-    print(f"   {'float (no quantization)':<38}{base:>12.4f}{nll_per_token(injected, docs):>12.4f}")
-    for label, impl, bits in OUTLIER_SCHEMES:
-        row = [nll_per_token(activation_quantized(m, impl, bits, calib_docs), docs) for m in (target, injected)]
-        print(f"   {label:<38}" + "".join(f"{v:>12.4f}" for v in row))
+    for label, original, injected in t["outliers"]:
+        print(f"   {label:<38}{original:>12.4f}{injected:>12.4f}")
 
 
 if __name__ == "__main__":

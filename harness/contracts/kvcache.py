@@ -13,7 +13,8 @@
 * ``prefill`` starts a new batch (dropping any previous one).  A sequence may hold at most
   ``max_len <= model.cfg.block_size`` tokens; asking for more raises ValueError, as does ``step``
   before ``prefill`` or a ``tokens`` of the wrong shape.  Logits have the model's dtype; inputs and
-  the model are left unchanged.
+  the model are left unchanged.  `CachedDecoder` runs under ``torch.inference_mode`` (no autograd
+  bookkeeping on any op of a step), so its logits are inference tensors: read them, don't modify them in place.
 
 Plugging in a cache layout: subclass `CachedDecoder` and implement ``allocate(batch)`` and
 ``attend(layer, q, k, v)`` (store k, v of the tokens at ``self.positions``, then attend with
@@ -80,7 +81,7 @@ class CachedDecoder:
         raise NotImplementedError
 
     # -- the contract -------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, prompts: list[torch.Tensor]) -> torch.Tensor:
         lengths = check_prompts(prompts, self.model.cfg.vocab_size, self.max_len)
         B, width = len(prompts), int(lengths.max())
@@ -95,7 +96,7 @@ class CachedDecoder:
         self.lengths = lengths
         return logits[torch.arange(B), lengths - 1]  # (B, V)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         check_step(tokens, self.lengths, self.model.cfg.vocab_size, self.max_len)
         self.positions = self.next_positions()  # (B, 1)

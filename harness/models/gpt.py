@@ -47,17 +47,21 @@ class GPTConfig:
 
 
 def rotary(positions: torch.Tensor, d: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (B, 1, T, d/2) of the angles pos * base^(-2i/d), computed in float64 once per forward."""
+    """cos, sin (B, 1, T, d/2) of the angles pos * base^(-2i/d), computed in float64."""
     freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=positions.device) / d)  # (d/2,)
     angles = (positions.to(torch.float64)[..., None] * freqs)[:, None]  # (B, 1, T, d/2)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x (B, heads, T, d): the pair (i, i + d/2) turns by the angle whose cos, sin are given."""
+    """Rotary embedding of x (B, heads, T, d): the pair (i, i + d/2) turns by the angle whose cos, sin are given.
+
+    cos = [cos, cos] and sin = [-sin, sin] over the two halves (`GPT.rope`), so with x = [x1, x2] this is
+    [x1 cos - x2 sin, x2 cos + x1 sin] in four kernels (the same floats: negation and + commute exactly).
+    """
     d = x.shape[-1]
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, heads, T, d)
+    swapped = torch.cat([x[..., d // 2 :], x[..., : d // 2]], dim=-1)  # (B, heads, T, d): [x2, x1]
+    return x * cos + swapped * sin  # (B, heads, T, d)
 
 
 class CausalSelfAttention(nn.Module):
@@ -106,6 +110,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.rope_tables: dict = {}  # (dtype, device) -> cos, sin (block_size, d) of every position
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, V); positions (B, T) default to 0..T-1."""
@@ -120,10 +125,23 @@ class GPT(nn.Module):
         x = self.wte(idx)  # (B, T, D)
         if self.wpe is not None:
             x = x + self.wpe(positions)
-        rope = rotary(positions, self.cfg.head_dim, self.cfg.rope_base, x.dtype) if self.wpe is None else None
+        rope = self.rope(positions, x.dtype) if self.wpe is None else None
         for layer, block in enumerate(self.blocks):
             x = block(x, rope, lambda q, k, v, layer=layer: attend(layer, q, k, v))
         return self.lm_head(self.ln_f(x))  # (B, T, V)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (B, 1, T, d) at positions (B, T), looked up in tables built once per dtype and device:
+        a decode step then costs two lookups, not a float64 trigonometry pass."""
+        key = (dtype, positions.device)
+        if key not in self.rope_tables:
+            with torch.inference_mode(False):  # plain tensors even if first built by an inference-mode decoder
+                every = torch.arange(self.cfg.block_size, device=positions.device)[None]  # (1, block_size)
+                cos, sin = rotary(every, self.cfg.head_dim, self.cfg.rope_base, dtype)  # (1, 1, block_size, d/2)
+                cos, sin = cos[0, 0], sin[0, 0]  # (block_size, d/2)
+                self.rope_tables[key] = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)  # (block_size, d)
+        cos, sin = self.rope_tables[key]
+        return cos[positions][:, None], sin[positions][:, None]  # (B, 1, T, d)
 
     def check_inputs(self, idx: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:

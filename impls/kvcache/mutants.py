@@ -28,8 +28,8 @@ class WritesOneSlotLate(StaticDecoder):
     def write(self, layer, k, v):
         shift = int(self.positions.shape[1] == 1)  # decode steps only
         late = (self.positions + shift).clamp(max=self.max_len - 1)  # (B, T)
-        self.cache[layer, 0, self.rows, late] = k.transpose(1, 2)
-        self.cache[layer, 1, self.rows, late] = v.transpose(1, 2)
+        self.cache[layer, 0, self.rows, :, late] = k.transpose(1, 2)  # (B, T, Hkv, d) at (b, late)
+        self.cache[layer, 1, self.rows, :, late] = v.transpose(1, 2)
 
 
 class AppendsTwice(ConcatDecoder):
@@ -52,8 +52,10 @@ def modulo_gqa_attention(q, k, v, visible):
 
 class ModuloGQA(StaticDecoder):
     def attend(self, layer, q, k, v):
+        if layer == 0:
+            self.plan()
         self.write(layer, k, v)
-        K, V = self.cache[layer].transpose(2, 3)  # (B, Hkv, S, d)
+        K, V = self.cache[layer]  # (B, Hkv, S, d) each
         return modulo_gqa_attention(q, K, V, self.visible())
 
 

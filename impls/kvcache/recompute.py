@@ -17,13 +17,13 @@ class RecomputeDecoder:
                              f"got {max_len!r}")
         self.model, self.max_len, self.seqs = model, max_len, None
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, prompts):
         check_prompts(prompts, self.model.cfg.vocab_size, self.max_len)
         self.seqs = [p.clone() for p in prompts]
         return self.last_logits()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, tokens):
         lengths = None if self.seqs is None else torch.tensor([len(s) for s in self.seqs])
         check_step(tokens, lengths, self.model.cfg.vocab_size, self.max_len)

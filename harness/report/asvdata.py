@@ -1,0 +1,53 @@
+"""Read benchmark values from asv's results (results/<machine>/<commit>-<env>.json).
+
+The report draws measured curves from the same benchmarks the dashboard shows, so every number
+has one source.  The newest result file (by run date) that holds a benchmark is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+from functools import cache
+
+from harness.report import ROOT
+
+RESULTS = ROOT / "results"
+
+
+@cache
+def _files() -> list[dict]:
+    found = []
+    for path in RESULTS.glob("*/*.json"):
+        if path.name in ("machine.json", "benchmarks.json"):
+            continue
+        data = json.loads(path.read_text())
+        if "results" in data:
+            found.append(data)
+    return sorted(found, key=lambda d: d.get("date", 0), reverse=True)
+
+
+def values(benchmark: str) -> dict[tuple, float]:
+    """{(param values...): value} of the newest run of ``benchmark``; NaN/None (skipped) left out."""
+    for data in _files():
+        entry = data["results"].get(benchmark)
+        if entry is None:
+            continue
+        columns = data["result_columns"]
+        result, params = entry[columns.index("result")], entry[columns.index("params")]
+        if result is None:
+            continue
+        combos = itertools.product(*[[ast.literal_eval(p) for p in ps] for ps in params]) if params else [()]
+        out = {combo: v for combo, v in zip(combos, result, strict=False)
+               if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        if out:
+            return out
+    raise NotImplementedError(f"no asv result for {benchmark} yet: run `python -m harness run` or `tox -e bench`")
+
+
+def machine_names() -> list[str]:
+    return sorted(p.name for p in RESULTS.iterdir() if (p / "machine.json").is_file())
+
+
