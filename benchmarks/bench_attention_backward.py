@@ -9,7 +9,13 @@ every materialized (Nq, Nk) matrix.  B=1, H=8, d=64, fp32, not causal; the oracl
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl, sync
+from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl, sync
+
+
+def setup(*params):
+    """asv runs this before every benchmark here: older commits without these modules are skipped."""
+    require("harness.contracts.attention_backward", "harness.memory")
+
 
 IMPLS = [n for n in impl_names("attention_backward") if n != "reference"]
 LENGTHS = [128, 512, 2048, 4096]

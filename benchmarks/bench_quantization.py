@@ -6,7 +6,13 @@ weights (harness/models/weights) and skip (n/a) without them.
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl, sync
+from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl, sync
+
+
+def setup(*params):
+    """asv runs this before every benchmark here: older commits without these modules are skipped."""
+    require("harness.contracts.quantization", "harness.quant_experiments")
+
 
 QUANTIZERS = impl_names("quantization")
 LINEARS = impl_names("quantized_linear")

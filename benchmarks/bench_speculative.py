@@ -89,6 +89,33 @@ class Enumeration:
     track_tiny_models_gamma2_T2_seconds.unit = "s"
 
 
+class EnumerationGoal:
+    """The issue's goal case: tiny target, draft_good, gamma 2, T 3 (goal <= 30 s).  The standard sampler
+    only: the time is the enumerator's (~700,000 runs), about a minute for each sampler."""
+
+    params = [[n for n in _enumerable() if n == "standard"], DEVICES]
+    param_names = ["impl", "device"]
+    timeout = 600
+
+    def setup(self, impl, device):
+        import torch
+
+        resolve_device(device)
+        if device != "cpu":
+            raise NotImplementedError("enumeration runs on the cpu")
+        self.fn = resolve_impl("speculative", impl, torch.device(device), "float64").fn
+
+    def track_tiny_models_gamma2_T3_seconds(self, impl, device):
+        from harness.enumeration import exact_distribution
+        from harness.lm import PerPrefix
+
+        zoo, target = _models()
+        e = exact_distribution(self.fn, PerPrefix(target), _draft("draft_good"), [zoo.tokenizer().bos], gamma=2, T=3)
+        return e.seconds
+
+    track_tiny_models_gamma2_T3_seconds.unit = "s"
+
+
 def acceptance(target, draft, docs) -> float:
     """Mean over the positions of held-out documents of sum(min(p, q)) (teacher-forced contexts)."""
     import torch

@@ -20,6 +20,7 @@ from pathlib import Path
 from harness import profiles
 from harness.contracts import load_techniques
 from harness.registry import LOAD_ERRORS, Impl, get, impls
+from harness.quickbench import GATE_FACTOR
 from harness.runner import Property, Verdict, kill_mutant, properties_of, run_property
 
 VERDICTS = Path(__file__).resolve().parents[1] / "results" / "report" / "verdicts"
@@ -59,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-report", action="store_true", help="skip writing results/report")
     run.set_defaults(func=cmd_run)
 
+    gate = sub.add_parser("gate", help="regression gate: asv continuous BASE HEAD, fails on a slowdown > factor")
+    gate.add_argument("base")
+    gate.add_argument("head", nargs="?", default="HEAD")
+    gate.add_argument("--factor", type=float, default=GATE_FACTOR, help="allowed slowdown (default suits a noisy VM)")
+    gate.add_argument("--bench", metavar="REGEX", help="only benchmarks matching REGEX")
+    gate.set_defaults(func=cmd_gate)
+
     rep = sub.add_parser("report", help="write results/report (Markdown + PNG plots measured here)")
     rep.add_argument("--only", action="append", metavar="SECTION", help="only sections whose title contains this")
     rep.set_defaults(func=cmd_report)
@@ -68,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="ci", choices=profiles.PROFILES, help="Hypothesis profile (default ci)")
     p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="implementations checked at once")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,11 +106,12 @@ def cmd_check(args) -> int:
     if not chosen:
         chosen = impls(args.technique)
     props = _select(properties_of(args.technique), args.property)
-    verdicts = []
+    jobs = []
     for impl in chosen:
         plugin = impl.source if impl.source in args.plugin else None
-        job = lambda i=impl, pl=plugin: (run_property(p, i, profile=args.profile, plugin=pl) for p in props)
-        verdicts += _isolated(impl, props, job)
+        jobs.append((impl, props, lambda i=impl, pl=plugin: (run_property(p, i, profile=args.profile, plugin=pl)
+                                                             for p in props)))
+    verdicts = [v for got in _isolated_all(jobs, args.jobs) for v in got]
     _print_matrix(args.technique, chosen, props, verdicts)
     _write_json(args.json, verdicts)
     _report_load_errors()
@@ -115,9 +125,10 @@ def cmd_mutants(args) -> int:
     survivors, verdicts = [], []
     for t in techniques:
         props = properties_of(t)
-        for m in impls(t, mutants=True):
-            job = lambda m=m, ps=props: kill_mutant(m, ps, profile=args.profile, all_properties=True)
-            got = _isolated(m, props, job)
+        mutants = impls(t, mutants=True)
+        jobs = [(m, props, lambda m=m, ps=props: kill_mutant(m, ps, profile=args.profile, all_properties=True))
+                for m in mutants]
+        for m, got in zip(mutants, _isolated_all(jobs, args.jobs), strict=True):
             verdicts += got
             killers = [v.property for v in got if v.status == "FAIL"]
             right = sorted(set(killers) & set(m.killed_by))
@@ -138,11 +149,12 @@ def cmd_run(args) -> int:
     for t in sorted(load_techniques()):
         print(f"\n=== check {t} ===")
         rc = cmd_check(argparse.Namespace(technique=t, impl=[], plugin=[], property=[], profile=args.profile,
-                                          json=str(VERDICTS / f"{t}.json")))
+                                          jobs=args.jobs, json=str(VERDICTS / f"{t}.json")))
         summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
         status |= rc
     print("\n=== mutants ===")
-    rc = cmd_mutants(argparse.Namespace(technique=None, profile=args.profile, json=str(VERDICTS / "mutants.json")))
+    rc = cmd_mutants(argparse.Namespace(technique=None, profile=args.profile, jobs=args.jobs,
+                                        json=str(VERDICTS / "mutants.json")))
     summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
     status |= rc
     if not args.no_bench:
@@ -164,6 +176,12 @@ def cmd_run(args) -> int:
     return status
 
 
+def cmd_gate(args) -> int:
+    from harness.quickbench import gate
+
+    return gate(args.base, args.head, args.factor, args.bench)
+
+
 def cmd_report(args) -> int:
     from harness.report import write_report
 
@@ -173,10 +191,22 @@ def cmd_report(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-def _isolated(impl: Impl, props: list[Property], job: Callable[[], Iterable[Verdict]]) -> list[Verdict]:
+def _isolated_all(jobs: list[tuple[Impl, list[Property], Callable[[], Iterable[Verdict]]]], workers: int):
+    """`_isolated` for several implementations, ``workers`` children at a time, results in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # threads only wait on their child
+        return list(pool.map(lambda j: _isolated(*j, one_thread=workers > 1), jobs))
+
+
+def _isolated(impl: Impl, props: list[Property], job: Callable[[], Iterable[Verdict]], one_thread=False):
     """Run ``job`` (yielding verdicts for one implementation) in a forked child, streaming verdicts back."""
 
     def child(queue) -> None:
+        if one_thread:  # children share the cores: intra-op threads would only spin against each other
+            import torch
+
+            torch.set_num_threads(1)
         for verdict in job():
             queue.put(verdict)
         queue.put(None)

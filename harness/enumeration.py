@@ -2,16 +2,22 @@
 
 A sampler is re-run from the start once per branch with a `ReplayRng` that follows a recorded prefix of
 choices and, at the first new choice, takes the first outcome of non-zero probability and pushes the
-others as new prefixes: a depth-first search over choice sequences.  Each run's probability is the
-product of the probabilities of its choices, in float64; zero-probability outcomes are never visited;
-model calls are memoized by prefix.
+others as new prefixes (each with its probability): a depth-first search over choice sequences.  Each
+run's probability is the product of the probabilities of its choices, in float64; zero-probability
+outcomes are never visited; model calls are memoized by prefix, a miss scoring all V siblings of the
+prefix in one batched call.
 
 Rounds are merged (``merge=True``, the default): a run is cut at the first model call after its first
 target call -- the start of round two -- when that call's prefix extends the prompt by the emitted
 tokens e, and the rest of the distribution is the (memoized) distribution of the sampler started afresh
-from prompt + e with the budget left.  This is exact for samplers whose rounds depend only on the tokens
-so far (the contract asks for it: no state carried between rounds, such as an adaptive gamma); a sampler
-that carries state declares ``caps={"markov": False}`` and is enumerated run by run.
+from prompt + e with the budget left, composed once per distinct e.  This is exact for samplers whose
+rounds depend only on the tokens so far (the contract asks for it: no state carried between rounds, such
+as an adaptive gamma); a sampler that carries state declares ``caps={"markov": False}`` and is
+enumerated run by run.
+
+Cost: one run per branch of a round, so at least one per distinct output of a round (V^(gamma+1) for a
+fully accepted round); a run replays its recorded choices without reading a tensor, but the sampler's
+own tensor work is repeated each time.
 """
 
 from __future__ import annotations
@@ -28,41 +34,56 @@ from harness.lm import LM, check_distribution, check_probability
 
 
 class ReplayRng:
-    """Follows `path`; at each new choice takes the first possible outcome and pushes the alternatives."""
+    """Follows `path`; at each new choice takes the first possible outcome and pushes the alternatives.
 
-    def __init__(self, path: list[int], stack: list[list[int]]) -> None:
-        self.path, self.stack, self.taken, self.prob = path, stack, [], 1.0
+    A pushed alternative carries its probability (the product of its choices' weights, in order), so a
+    replayed choice is a list lookup: no tensor is read until the run goes past its recorded path.
+    """
+
+    def __init__(self, path: list[int], stack: list, prob: float = 1.0) -> None:
+        self.path, self.stack, self.taken, self.prob = path, stack, list(path), prob
+        self.depth = 0  # choices made so far in this run
 
     def _choose(self, weights) -> int:
-        depth = len(self.taken)
-        if depth < len(self.path):
-            choice = self.path[depth]
-        else:
-            options = [i for i, w in enumerate(weights) if w > 0]
-            choice = options[0]
-            self.stack.extend(self.taken + [o] for o in reversed(options[1:]))
-        self.taken.append(choice)
-        self.prob *= float(weights[choice])
-        return choice
+        """A choice past the recorded path: take the first possible outcome, push the others."""
+        options = [i for i, w in enumerate(weights) if w > 0]
+        prob = self.prob
+        self.stack.extend((self.taken + [o], prob * weights[o]) for o in reversed(options[1:]))
+        self.taken.append(options[0])
+        self.prob = prob * weights[options[0]]
+        return options[0]
 
     def categorical(self, probs: torch.Tensor) -> torch.Tensor:
-        new = len(self.taken) >= len(self.path)
-        if new:
+        depth = self.depth
+        if probs.dim() == 1 and depth < len(self.path):
+            self.depth = depth + 1
+            return _scalar(self.path[depth])
+        if depth >= len(self.path):
             check_distribution(probs, "rng.categorical")
         if probs.dim() == 1:
-            return _scalar(self._choose(probs.tolist() if new else probs))
+            self.depth = depth + 1
+            return _scalar(self._choose(probs.tolist()))
         rows = probs.reshape(-1, probs.shape[-1])  # (rows, V)
-        return torch.tensor([self._choose(r.tolist() if new else r) for r in rows]).reshape(probs.shape[:-1])
+        return torch.tensor([self._next(r) for r in rows]).reshape(probs.shape[:-1])
 
     def bernoulli(self, probs) -> torch.Tensor:
+        depth = self.depth
+        if depth < len(self.path) and isinstance(probs, torch.Tensor) and probs.dim() == 0:
+            self.depth = depth + 1
+            return _BOOLS[self.path[depth]]
         probs = torch.as_tensor(probs, dtype=torch.float64)
-        if len(self.taken) >= len(self.path):
+        if depth >= len(self.path):
             check_probability(probs, "rng.bernoulli")
-        if probs.dim() == 0:
-            x = probs.item()
-            return _BOOLS[self._choose((1.0 - x, x))]
         flat = probs.reshape(-1).tolist()
-        return torch.tensor([bool(self._choose((1.0 - x, x))) for x in flat]).reshape(probs.shape)
+        picks = [bool(self._next(None, x)) for x in flat]
+        return _BOOLS[picks[0]] if probs.dim() == 0 else torch.tensor(picks).reshape(probs.shape)
+
+    def _next(self, row, bernoulli_p: float | None = None) -> int:
+        depth = self.depth
+        self.depth = depth + 1
+        if depth < len(self.path):
+            return self.path[depth]
+        return self._choose(row.tolist() if bernoulli_p is None else (1.0 - bernoulli_p, bernoulli_p))
 
 
 # Replays return shared 0-dim tensors: creating a fresh one costs more than the rest of a choice.
@@ -78,9 +99,10 @@ def _scalar(i: int) -> torch.Tensor:
 
 def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Hashable, float]]:
     """Yield (outcome, probability) for every branch of ``run``; the probabilities sum to one."""
-    stack: list[list[int]] = [[]]
+    stack: list[tuple[list[int], float]] = [([], 1.0)]
     while stack:
-        rng = ReplayRng(stack.pop(), stack)
+        path, prob = stack.pop()
+        rng = ReplayRng(path, stack, prob)
         try:
             outcome = run(rng)
         except _Cut as cut:
@@ -96,6 +118,10 @@ class _Cut(BaseException):  # BaseException: a sampler's `except Exception` must
 
 
 class _Memo:
+    """Each (prefix, n) reaches the model once.  A miss scores the prefix together with its siblings (the
+    same prefix ending in every other token) in one batched call: the enumeration visits every possible
+    token there, and one call over V rows costs about as much as one over a single row."""
+
     def __init__(self, lm: LM) -> None:
         self.lm, self.vocab_size, self.cache, self.misses = lm, lm.vocab_size, {}, 0
 
@@ -104,10 +130,16 @@ class _Memo:
         for x in prefixes:
             key = (tuple(x), n)
             if key not in self.cache:
-                self.misses += 1
-                self.cache[key] = self.lm([list(x)], n)  # (1, n, V)
+                self._fill(key[0], n)
             rows.append(self.cache[key])
         return rows[0] if len(rows) == 1 else torch.cat(rows)  # (B, n, V)
+
+    def _fill(self, x: tuple[int, ...], n: int) -> None:
+        siblings = [x[:-1] + (v,) for v in range(self.vocab_size)]
+        missing = [s for s in siblings if (s, n) not in self.cache]
+        self.misses += 1
+        scored = self.lm([list(s) for s in missing], n)  # (len(missing), n, V)
+        self.cache.update(((s, n), scored[i : i + 1]) for i, s in enumerate(missing))
 
 
 class _Watch:

@@ -132,14 +132,14 @@ class PerPrefix:
     def __init__(self, lm: LM) -> None:
         self.lm, self.vocab_size, self.rows = lm, lm.vocab_size, {}
 
-    def row(self, prefix: tuple[int, ...]) -> torch.Tensor:
-        if prefix not in self.rows:
-            self.rows[prefix] = self.lm([list(prefix)], 1)[0, 0]  # (V,)
-        return self.rows[prefix]
-
     def __call__(self, prefixes, n=1):
-        return torch.stack([torch.stack([self.row(tuple(x[: len(x) - n + 1 + i])) for i in range(n)])
-                            for x in prefixes])  # (B, n, V)
+        wanted = [tuple(x[: len(x) - n + 1 + i]) for x in prefixes for i in range(n)]
+        by_length: dict[int, list[tuple[int, ...]]] = {}
+        for w in dict.fromkeys(w for w in wanted if w not in self.rows):
+            by_length.setdefault(len(w), []).append(w)
+        for group in by_length.values():  # equal lengths: one batched call, no padding, each row its own prefix
+            self.rows.update(zip(group, self.lm([list(w) for w in group], 1)[:, 0], strict=True))  # (B, V)
+        return torch.stack([self.rows[w] for w in wanted]).reshape(len(prefixes), n, -1)  # (B, n, V)
 
 
 class GPTLM:

@@ -41,3 +41,14 @@ def _has_module(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
+
+
+GATE_FACTOR = 1.5  # back-to-back runs of one benchmark drifted ~30% on the shared 2-core VM (shared/notes/asv.md)
+
+
+def gate(base: str, head: str, factor: float = GATE_FACTOR, bench: str | None = None) -> int:
+    """The regression gate: ``asv continuous`` between two commits; non-zero exit when HEAD is slower by ``factor``."""
+    cmd = [sys.executable, "-m", "asv", "continuous", "--factor", str(factor), "--split", "--show-stderr", base, head]
+    if bench:
+        cmd += ["--bench", bench]
+    return subprocess.run(cmd, cwd=ROOT).returncode

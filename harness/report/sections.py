@@ -19,7 +19,7 @@ def _verdicts(name: str) -> list[dict]:
     path = cli.VERDICTS / f"{name}.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        args = argparse.Namespace(profile="ci", json=str(path))
+        args = argparse.Namespace(profile="ci", json=str(path), jobs=1)
         if name == "mutants":
             cli.cmd_mutants(argparse.Namespace(technique=None, **vars(args)))
         else:
