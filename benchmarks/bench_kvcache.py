@@ -10,7 +10,13 @@ import time
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, resolve_device, resolve_impl
+from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl
+
+
+def setup(*params):
+    """asv runs this before every benchmark here: older commits without these modules are skipped."""
+    require("harness.contracts.kvcache", "harness.models.gpt")
+
 
 CACHES = [n for n in impl_names("kvcache") if n != "recompute"]
 VOCAB = 65
@@ -114,8 +120,9 @@ class DecodeBatch:
 
 
 class OneThread:
-    """Timed with one intra-op thread, restored afterwards: on a shared 2-core machine a second OpenMP
-    thread makes small ops wait for their partner, and both sides of a ratio must run alike."""
+    """Timed with one intra-op thread, restored in teardown (which asv runs even after a skip): on a shared
+    2-core machine a second OpenMP thread makes small ops wait for their partner, and both sides of a
+    ratio must run alike."""
 
     def setup(self, *params):
         self.threads = torch.get_num_threads()
@@ -134,11 +141,11 @@ class CachedVsRecompute(OneThread):
     timeout = 600
 
     def setup(self, impl, device, n):
+        super().setup()
         resolve_device(device)
         self.cached = resolve_impl("kvcache", impl, torch.device(device)).fn
         self.recompute = resolve_impl("kvcache", "recompute", torch.device(device)).fn
         self.model, self.prompt = small_model(), [tokens(1)[0]]
-        super().setup()
 
     def track_recompute_over_cached(self, impl, device, n):
         cached = seconds(lambda: generate(self.cached(self.model, n), self.prompt, n))
@@ -162,6 +169,7 @@ class MemoryRoofline(OneThread):
     def setup(self, impl, device):
         from harness.models.gpt import GPT, GPTConfig
 
+        super().setup()
         resolve_device(device)
         self.make = resolve_impl("kvcache", impl, torch.device(device)).fn
         torch.manual_seed(0)
@@ -171,7 +179,6 @@ class MemoryRoofline(OneThread):
                                 if p is not self.model.wte.weight)  # a step reads one embedding row
         self.matrices = [torch.randn(4096, 4096) for _ in range(6)]  # 6 x 64 MiB: far beyond any cache
         self.matrix_bytes = sum(w.numel() * w.element_size() for w in self.matrices)
-        super().setup()
 
     def chain(self) -> None:
         y = torch.randn(4096)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from harness import profiles
 from harness.contracts import load_techniques
-from harness.registry import LOAD_ERRORS, Impl, get, impls
 from harness.quickbench import GATE_FACTOR
+from harness.registry import LOAD_ERRORS, Impl, get, impls
 from harness.runner import Property, Verdict, kill_mutant, properties_of, run_property
 
 VERDICTS = Path(__file__).resolve().parents[1] / "results" / "report" / "verdicts"

@@ -78,8 +78,8 @@ class CausalSelfAttention(nn.Module):
         cfg, (B, T, _) = self.cfg, x.shape
         q = self.q(x).view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)  # (B, H, T, d)
         k, v = self.kv(x).view(B, T, 2, cfg.n_kv_head, cfg.head_dim).permute(2, 0, 3, 1, 4)  # (B, Hkv, T, d) each
-        if rope is not None:
-            q, k = rotate(q, *rope), rotate(k, *rope)
+        if rope is not None:  # one rotation for the H + Hkv heads of q and k
+            q, k = rotate(torch.cat([q, k], dim=1), *rope).split([cfg.n_head, cfg.n_kv_head], dim=1)  # (B, H|Hkv, T, d)
         return q, k, v
 
     def output(self, y: torch.Tensor) -> torch.Tensor:
