@@ -67,7 +67,8 @@ def browser():
 def _wait(browser, script: str, timeout: float = 60.0):
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, timeout, poll_frequency=0.25).until(lambda b: b.execute_script(script))
+    ready = "if (typeof $ === 'undefined') return null;"  # jQuery (vendored) not loaded yet
+    return WebDriverWait(browser, timeout, poll_frequency=0.25).until(lambda b: b.execute_script(ready + script))
 
 
 def test_every_technique_is_listed(server, browser):
