@@ -57,9 +57,14 @@ class SdpaRatio:
         self.device = resolve_device(device)
         g = torch.Generator().manual_seed(0)
         self.qkv = [torch.randn(1, 8, 2048, 64, generator=g).to(self.device) for _ in range(3)]
-        self.tiled = [resolve_impl("attention", n, self.device).fn for n in IMPLS
-                      if resolve_impl("attention", n, self.device).cap("tiled")]
+        self.tiled = [impl.fn for impl in map(self._runnable, IMPLS) if impl is not None and impl.cap("tiled")]
         self.sdpa = resolve_impl("attention", "sdpa", self.device).fn
+
+    def _runnable(self, name):
+        try:
+            return resolve_impl("attention", name, self.device)
+        except NotImplementedError:  # e.g. a CUDA-only kernel on a CPU machine: not a candidate here
+            return None
 
     def _median(self, fn) -> float:
         import torch.utils.benchmark as tb
