@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "results" / "html"
 SCREENSHOT = ROOT / "results" / "dashboard.png"
 TECHNIQUE_FILES = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
-GRAPH = "bench_attention.AttentionForward.time_forward"
+GRAPH = "bench_paging.ServingSimulator.track_utilization"
 
 
 def _ensure_chromium() -> tuple[str, str]:
@@ -81,7 +81,7 @@ def test_every_technique_is_listed(server, browser):
 
 
 def test_a_graph_shows_data_points(server, browser):
-    browser.get(f"{server}#{GRAPH}?impl=sdpa&device=cpu")
+    browser.get(f"{server}#{GRAPH}")
     points = _wait(browser, "var p = $('#main-graph').data('plot'); if (!p) return null;"
                             "var n = 0; p.getData().forEach(function(s){ s.data.forEach(function(d){"
                             " if (d[1] !== null) n++; }); }); return n || null;")
