@@ -146,6 +146,17 @@ def attention_memory(r: Report) -> None:
                     "N x N matrices, the FA-2 one recomputes P block by block and grows only linearly.")
 
 
+def _series(values: dict[tuple, float], x: int, cpu_at: int | None = None) -> dict[str, tuple[list, list]]:
+    """Group asv values by their first parameter: {name: (xs, ys)} with x the parameter at index ``x``."""
+    out: dict[str, tuple[list, list]] = {}
+    for key, val in sorted(values.items(), key=lambda kv: (kv[0][0], kv[0][x])):
+        if cpu_at is None or key[cpu_at] == "cpu":
+            xs, ys = out.setdefault(key[0], ([], []))
+            xs.append(key[x])
+            ys.append(val)
+    return out
+
+
 @section("KV cache: cached vs recompute, decode vs batch, prefill vs decode")
 def kv_cache(r: Report) -> None:
     import matplotlib.pyplot as plt
@@ -155,15 +166,13 @@ def kv_cache(r: Report) -> None:
     ratio = values("bench_kvcache.CachedVsRecompute.track_recompute_over_cached")
     step = values("bench_kvcache.DecodeBatch.track_us_per_token")
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for impl in sorted({key[0] for key in ratio}):
-        pts = sorted((key[2], val) for key, val in ratio.items() if key[0] == impl and key[1] == "cpu")
-        a.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl)
+    for impl, (xs, ys) in _series(ratio, x=2, cpu_at=1).items():
+        a.plot(xs, ys, "o-", label=impl)
     a.set_xlabel("tokens generated n")
     a.set_ylabel("recompute time / cached time")
     a.legend(fontsize=8)
-    for impl in sorted({key[0] for key in step}):
-        pts = sorted((key[2], val) for key, val in step.items() if key[0] == impl and key[1] == "cpu")
-        b.loglog([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl)
+    for impl, (xs, ys) in _series(step, x=2, cpu_at=1).items():
+        b.loglog(xs, ys, "o-", label=impl)
     b.set_xlabel("batch size (cache length 64)")
     b.set_ylabel("decode step time per token (us)")
     b.legend(fontsize=8)
@@ -217,21 +226,19 @@ def speculative(r: Report) -> None:
     measured = values("bench_speculative.Acceptance.track_tokens_per_call_measured")
     formula = values("bench_speculative.Acceptance.track_tokens_per_call_formula")
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, draft in enumerate(sorted({key[0] for key in measured})):
-        pts = sorted((key[1], val) for key, val in measured.items() if key[0] == draft)
-        theory = sorted((key[1], val) for key, val in formula.items() if key[0] == draft)
-        line = a.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=f"C{i}", label=draft)
-        a.plot([p[0] for p in theory], [p[1] for p in theory], "-", color=line[0].get_color(), lw=0.8)
+    theory = _series(formula, x=1)
+    for i, (draft, (xs, ys)) in enumerate(_series(measured, x=1).items()):
+        a.plot(xs, ys, "o", color=f"C{i}", label=draft)
+        a.plot(*theory[draft], "-", color=f"C{i}", lw=0.8)
     a.set_xlabel("gamma")
     a.set_ylabel("tokens per target call (dots measured, lines (1-a^(g+1))/(1-a))")
     a.legend(fontsize=7)
     speed = values("bench_speculative.WallClock.track_speedup_measured")
     est = values("bench_speculative.WallClock.track_speedup_estimated")
-    for i, draft in enumerate(sorted({key[0] for key in speed})):
-        pts = sorted((key[1], val) for key, val in speed.items() if key[0] == draft and key[2] == "cpu")
-        theory = sorted((key[1], val) for key, val in est.items() if key[0] == draft and key[2] == "cpu")
-        line = b.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=f"C{i}", label=draft)
-        b.plot([p[0] for p in theory], [p[1] for p in theory], "--", color=line[0].get_color(), lw=0.8)
+    estimated = _series(est, x=1, cpu_at=2)
+    for i, (draft, (xs, ys)) in enumerate(_series(speed, x=1, cpu_at=2).items()):
+        b.plot(xs, ys, "o", color=f"C{i}", label=draft)
+        b.plot(*estimated[draft], "--", color=f"C{i}", lw=0.8)
     b.axhline(1.0, color="black", lw=0.8)
     b.set_xlabel("gamma")
     b.set_ylabel("speedup over plain sampling (dots measured, dashed estimated)")
