@@ -129,21 +129,22 @@ def attention_memory(r: Report) -> None:
     from harness.references import attention_lse64
     from harness.registry import get
 
-    fwd = get("attention_backward", "naive").fn, get("attention_backward", "fa2_64x64").fn
+    forward = get("attention", "naive").fn, get("attention", "fa2_64x64").fn
+    backward = get("attention_backward", "naive").fn, get("attention_backward", "fa2_64x64").fn
     rows = []
     g = torch.Generator().manual_seed(0)
-    for N in tqdm([256, 512, 1024, 2048], desc="backward memory", unit="N"):
+    for N in tqdm([256, 512, 1024, 2048], desc="attention memory", unit="N"):
         q, k, v, do = (torch.randn(1, 8, N, 64, generator=g) for _ in range(4))
         o, lse = (t.float() for t in attention_lse64(q, k, v, causal=True))
         peaks = []
-        for fn in fwd:
+        for fn, args in [(f, (q, k, v)) for f in forward] + [(f, (q, k, v, o, lse, do)) for f in backward]:
             with TensorMemory() as meter:
-                fn(q, k, v, o, lse, do, causal=True)
-            peaks.append(meter.peak)
-        rows.append([N, peaks[0] / 2**20, peaks[1] / 2**20, peaks[1] / peaks[0]])
-    r.table(["N", "naive backward peak (MiB)", "FA-2 backward peak (MiB)", "FA-2 / naive"], rows,
-            caption="Peak live tensor bytes of the backward (B=1, H=8, d=64, causal, fp32): the naive one holds "
-                    "N x N matrices, the FA-2 one recomputes P block by block and grows only linearly.")
+                fn(*args, causal=True)
+            peaks.append(meter.peak / 2**20)
+        rows.append([N, *peaks])
+    r.table(["N", "naive forward (MiB)", "FA-2 forward (MiB)", "naive backward (MiB)", "FA-2 backward (MiB)"], rows,
+            caption="Peak live tensor bytes (B=1, H=8, d=64, causal, fp32): the naive kernels hold N x N matrices "
+                    "and grow quadratically; the FA-2 ones work block by block and grow linearly.")
 
 
 def _series(values: dict[tuple, float], x: int, cpu_at: int | None = None) -> dict[str, tuple[list, list]]:
