@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl
+from benchmarks.common import DEVICES, impl_names, median_seconds, require, resolve_device, resolve_impl
 
 
 def setup(*params):
@@ -28,16 +28,6 @@ def small_model(block_size: int = 1024):
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=VOCAB, block_size=block_size, n_layer=4, n_head=4, n_kv_head=4, n_embd=128)
     return GPT(cfg).eval()
-
-
-def seconds(fn, repeat: int = 3) -> float:
-    """Median wall time of fn() over `repeat` calls."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def tokens(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
@@ -80,7 +70,7 @@ class PrefillVsDecode:
 
     def track_decode_over_prefill(self, impl, device):
         """Per-token cost of decoding one by one over per-token cost of prefill (the same 256 tokens)."""
-        return seconds(self.decode) / seconds(self.prefill)
+        return median_seconds(self.decode) / median_seconds(self.prefill)
 
     track_decode_over_prefill.unit = "ratio"
 
@@ -148,8 +138,8 @@ class CachedVsRecompute(OneThread):
         self.model, self.prompt = small_model(), [tokens(1)[0]]
 
     def track_recompute_over_cached(self, impl, device, n):
-        cached = seconds(lambda: generate(self.cached(self.model, n), self.prompt, n))
-        recompute = seconds(lambda: generate(self.recompute(self.model, n), self.prompt, n), repeat=1)
+        cached = median_seconds(lambda: generate(self.cached(self.model, n), self.prompt, n))
+        recompute = median_seconds(lambda: generate(self.recompute(self.model, n), self.prompt, n), repeat=1)
         return recompute / cached
 
     track_recompute_over_cached.unit = "speedup"
@@ -191,7 +181,7 @@ class MemoryRoofline(OneThread):
         logits = decoder.prefill([tokens(16)[0]])
         steps, chains = [], []
         for _ in range(self.ROUNDS):
-            chains.append(seconds(self.chain, repeat=1))
+            chains.append(median_seconds(self.chain, repeat=1))
             start = time.perf_counter()
             logits = decoder.step(logits.argmax(-1))
             steps.append(time.perf_counter() - start)

@@ -6,7 +6,7 @@ Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts fr
 
 import time
 
-from benchmarks.common import DEVICES, require, resolve_device, resolve_impl
+from benchmarks.common import DEVICES, median_seconds, require, resolve_device, resolve_impl
 
 
 def setup(*params):
@@ -48,15 +48,6 @@ def _draft(name: str):
     return {"draft_good": lambda: GPTLM(zoo.load("draft_good")), "draft_bad": lambda: GPTLM(zoo.load("draft_bad")),
             "bigram": lambda: ngram(2), "trigram": lambda: ngram(3), "uniform": lambda: uniform(V),
             "prompt_lookup": lambda: PromptLookup(V)}[name]()
-
-
-def _median_seconds(fn, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 class Enumeration:
@@ -268,7 +259,7 @@ class WallClock:
         def step_time(lm):
             s = session(lm)
             s.extend([self.bos] * 30)
-            return _median_seconds(lambda: (s.extend([self.bos]), s.rollback(30)), repeat=21)
+            return median_seconds(lambda: (s.extend([self.bos]), s.rollback(30)), repeat=21)
 
         c = step_time(self.draft) / step_time(self.target)
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c)

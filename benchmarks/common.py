@@ -4,6 +4,9 @@ Benchmark files import only this and the harness; building tensors happens in ``
 forkserver deadlocks children when torch computes at import time).
 """
 
+import statistics
+import time
+
 import torch
 
 DEVICES = ["cpu", "cuda"]  # the same grid on every machine; cuda raises NotImplementedError where absent
@@ -55,3 +58,13 @@ def require(*modules: str) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise NotImplementedError(f"{name} is not available at this commit ({exc})") from None
+
+
+def median_seconds(fn, repeat: int = 3) -> float:
+    """Median wall time of fn() over ``repeat`` calls (for ratios measured within one run)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
