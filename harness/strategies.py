@@ -553,3 +553,11 @@ def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",
         scale=draw(st.one_of(st.none(), st.floats(0.01, 2.0))), dtype=draw(st.sampled_from(dtypes)),
         seed=draw(seeds), device=draw(st.sampled_from(devices)),
     )
+
+
+@st.composite
+def paged_attention_blind_row_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",),
+                                    devices: tuple[str, ...] = ("cpu",)) -> PagedAttentionCase:
+    """Causal chunks of Nq queries longer than the shortest sequence: its first Nq - seq_len rows see no key."""
+    case = draw(paged_attention_cases(dtypes=dtypes, devices=devices, max_len=60, decode=False))
+    return PagedAttentionCase(**{**vars(case), "Nq": min(case.seq_lens) + draw(st.integers(1, 8)), "causal": True})

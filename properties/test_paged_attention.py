@@ -15,7 +15,7 @@ from harness.devices import available, unavailable_reason
 from harness.guard import ContractViolation, guarded_call
 from harness.references import attention64, attention_plain
 from harness.runner import applies
-from harness.strategies import paged_attention_cases
+from harness.strategies import paged_attention_blind_row_cases, paged_attention_cases
 from harness.tolerance import assert_earned, dtype_of
 
 TECHNIQUE = "paged_attention"
@@ -57,6 +57,20 @@ BAD_INPUTS = {
     "float block table": ("block_tables", lambda t, s: (t.double(), s)),
     "seq_lens of the wrong length": ("seq_lens", lambda t, s: (t, s[:0])),
 }
+
+
+@applies(unavailable_reason)
+@given(data=st.data())
+def test_rows_that_see_no_key_are_zero(impl, data):
+    """Causal chunks longer than a sequence (Nq > seq_len): its first Nq - seq_len rows see no key and are zero."""
+    case = data.draw(paged_attention_blind_row_cases(dtypes=impl.dtypes, devices=available(impl.devices)),
+                     label="case")
+    check_against_contiguous(impl, case)
+    q, k_cache, v_cache, tables, seq_lens = case.paged()
+    out = call(impl, q, k_cache, v_cache, tables, seq_lens, causal=True, scale=case.scale)
+    for b, n in enumerate(case.seq_lens):
+        blind = out[b, :, :max(case.Nq - n, 0)]  # (H, Nq - seq_len, d): query i sees keys j <= i + n - Nq < 0
+        assert torch.equal(blind, torch.zeros_like(blind)), f"{impl.name}: rows of sequence {b} that see no key"
 
 
 @applies(unavailable_reason)

@@ -1,0 +1,102 @@
+"""FlashAttention-2 for the CPU with no row-max pass: a stale max, checked once per query block.
+
+Softmax is shift-invariant, so any m works as long as e^(S - m) neither overflows nor loses the
+row.  Each query block takes m from its scores against key 0 (a tiny GEMM; every visited row sees
+key 0, so m <= the true row max: every e^(S - m) is at least what the true max would give, and the
+row sum l >= 1).  Each key block is then two GEMMs, one in-place exp2 and one row sum:
+S - m = baddbmm(-m, Q_i, K_j^T), P~ = 2^(S - m), l += rowsum(P~), acc += P~ V_j -- no amax, no
+comparison and no rescale.  Scores are kept in base 2 (q is scaled by scale * log2(e) once), as
+FlashAttention-2's kernels do: exp2 costs half of exp here.  Since l >= every 2^(S - m), one check
+at the end of the query block (l <= LIMIT, which also catches inf and NaN) proves nothing
+overflowed; a block that fails it (m was far below a row's max: adversarial logits) is recomputed
+by exact FA-2 with a running max.
+Invariant after key block j: acc and l are the exact softmax numerator and denominator over keys
+0..j for the fixed shift m.  Dao 2023, "FlashAttention-2", Algorithm 1; the stale max generalises
+FlashAttention-4's conditional rescaling (Dao et al. 2025) from "max grew by more than tau" to
+"never, unless the sums prove it was needed".
+"""
+
+import math
+
+import torch
+
+from harness.contracts.attention import causal_allowed, check_inputs
+from harness.registry import register
+from impls.attention.merge import accumulator_dtype
+
+LIMIT = 2.0**40  # largest row sum accepted from a stale max: every 2^(S - m) <= 2^40, far from overflow
+
+
+def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256):
+    scale = check_inputs(q, k, v, scale)
+    (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
+    G, acc_t, BH = H // Hkv, accumulator_dtype(q.dtype), B * Hkv
+    qs = (q.to(acc_t) * (scale * math.log2(math.e))).reshape(BH, G, Nq, d)  # (B*Hkv, G, Nq, d): base-2 scores
+    kT = k.to(acc_t).reshape(BH, Nk, d).transpose(1, 2)  # (B*Hkv, d, Nk): no copy when dtypes match
+    vv = v.to(acc_t).reshape(BH, Nk, d)  # (B*Hkv, Nk, d)
+    out = torch.zeros(BH, G, Nq, d, dtype=q.dtype, device=q.device)  # rows that see no key stay 0
+    first_row = max(0, Nq - Nk) if causal else 0  # rows before it see no key (bottom-right mask)
+    masks: dict = {}
+    for i0 in range(first_row, Nq if Nk else 0, Br):
+        i1 = min(i0 + Br, Nq)
+        qi = qs[:, :, i0:i1].reshape(BH, G * (i1 - i0), d)  # (B*Hkv, G*Br, d): G heads stack their rows
+        k_end = min(Nk, i1 + Nk - Nq) if causal else Nk  # key blocks past the last row's diagonal: skipped
+        blocks = []
+        for j0 in range(0, k_end, Bc):
+            j1 = min(j0 + Bc, k_end)
+            bias = diagonal_bias(masks, Nq, Nk, (i0, i1), (j0, j1), G, acc_t, q.device) \
+                if causal and j1 - 1 > i0 + Nk - Nq else None  # block crosses the diagonal: 0 / -inf
+            blocks.append((j0, j1, bias))
+        acc, l = stale_max_block(qi, kT, vv, blocks)  # noqa: E741 - (B*Hkv, G*Br, d), (B*Hkv, G*Br, 1)
+        if not bool((l <= LIMIT).all()):  # m was far below some row's max: redo exactly
+            acc, l = running_max_block(qi, kT, vv, blocks)  # noqa: E741
+        out[:, :, i0:i1] = (acc / l).reshape(BH, G, i1 - i0, d)  # (B*Hkv, G, Br, d)
+    return out.reshape(B, H, Nq, d)  # (B, H, Nq, d)
+
+
+def stale_max_block(qi, kT, vv, blocks):
+    """acc (B*Hkv, G*Br, d) and l (B*Hkv, G*Br, 1) of one query block, shifted by its scores against key 0."""
+    neg_m = -torch.bmm(qi, kT[..., :1])  # (B*Hkv, G*Br, 1)
+    acc = qi.new_zeros(qi.shape[0], qi.shape[1], vv.shape[-1])  # (B*Hkv, G*Br, d)
+    l = qi.new_zeros(neg_m.shape)  # noqa: E741 - (B*Hkv, G*Br, 1)
+    for j0, j1, bias in blocks:
+        s = torch.baddbmm(neg_m if bias is None else neg_m + bias, qi, kT[..., j0:j1]).exp2_()  # (.., G*Br, Bc)
+        l.add_(s.sum(dim=-1, keepdim=True))
+        acc.baddbmm_(s, vv[:, j0:j1])  # acc += P~ V_j
+    return acc, l
+
+
+def running_max_block(qi, kT, vv, blocks):
+    """The same block by exact FA-2: the max moves with every key block and rescales acc and l."""
+    m = torch.full((qi.shape[0], qi.shape[1], 1), float("-inf"), dtype=qi.dtype, device=qi.device)
+    acc = qi.new_zeros(qi.shape[0], qi.shape[1], vv.shape[-1])  # (B*Hkv, G*Br, d)
+    l = qi.new_zeros(m.shape)  # noqa: E741 - (B*Hkv, G*Br, 1)
+    for j0, j1, bias in blocks:
+        s = torch.bmm(qi, kT[..., j0:j1]) if bias is None else torch.baddbmm(bias, qi, kT[..., j0:j1])
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # finite once a row has seen a key
+        shift = torch.where(torch.isfinite(m_new), m_new, 0)  # rows with no key yet: keep 2^-inf = 0
+        alpha = torch.exp2(m - shift)  # 2^(m_old - m_new); 0 while m_old = -inf
+        s.sub_(shift).exp2_()
+        l.mul_(alpha).add_(s.sum(dim=-1, keepdim=True))
+        acc.mul_(alpha).baddbmm_(s, vv[:, j0:j1])
+        m = m_new
+    return acc, l
+
+
+def diagonal_bias(masks: dict, Nq: int, Nk: int, rows, cols, G: int, dtype, device) -> torch.Tensor:
+    """0 / -inf (G*Br, Bc) for a block crossing the causal diagonal, built once per offset and size."""
+    key = (rows[0] - cols[0], rows[1] - rows[0], cols[1] - cols[0])
+    if key not in masks:
+        allowed = causal_allowed(Nq, Nk, slice(*rows), slice(*cols), device)  # (Br, Bc)
+        masks[key] = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+            ~allowed, float("-inf")).repeat(G, 1)  # (G*Br, Bc)
+    return masks[key]
+
+
+for _Br, _Bc in ((64, 256), (128, 128), (128, 256), (256, 256), (17, 33)):
+    register(
+        "attention", f"fa2_optimistic_{_Br}x{_Bc}", devices=("cpu", "cuda"),
+        cite="Dao 2023, FlashAttention-2, Algorithm 1, with a stale max checked through the row sums",
+        caps={"Br": _Br, "Bc": _Bc, "tiled": True, "io": "fa2"},
+    )(lambda q, k, v, *, causal=False, scale=None, _Br=_Br, _Bc=_Bc: fa2_optimistic_attention(
+        q, k, v, causal=causal, scale=scale, Br=_Br, Bc=_Bc))
