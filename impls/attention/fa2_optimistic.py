@@ -34,8 +34,9 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
     qs = (q.to(acc_t) * (scale * math.log2(math.e))).reshape(BH, G, Nq, d)  # (B*Hkv, G, Nq, d): base-2 scores
     kT = k.to(acc_t).reshape(BH, Nk, d).transpose(1, 2)  # (B*Hkv, d, Nk): no copy when dtypes match
     vv = v.to(acc_t).reshape(BH, Nk, d)  # (B*Hkv, Nk, d)
-    out = torch.zeros(BH, G, Nq, d, dtype=q.dtype, device=q.device)  # rows that see no key stay 0
     first_row = max(0, Nq - Nk) if causal else 0  # rows before it see no key (bottom-right mask)
+    out = torch.empty(BH, G, Nq, d, dtype=q.dtype, device=q.device)  # every row is written below
+    out[:, :, : first_row if Nk else Nq] = 0  # rows that see no key
     masks: dict = {}
     for i0 in range(first_row, Nq if Nk else 0, Br):
         i1 = min(i0 + Br, Nq)
@@ -57,12 +58,14 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
 def stale_max_block(qi, kT, vv, blocks):
     """acc (B*Hkv, G*Br, d) and l (B*Hkv, G*Br, 1) of one query block, shifted by its scores against key 0."""
     neg_m = -torch.bmm(qi, kT[..., :1])  # (B*Hkv, G*Br, 1)
-    acc = qi.new_zeros(qi.shape[0], qi.shape[1], vv.shape[-1])  # (B*Hkv, G*Br, d)
-    l = qi.new_zeros(neg_m.shape)  # noqa: E741 - (B*Hkv, G*Br, 1)
+    acc = l = None  # noqa: E741
     for j0, j1, bias in blocks:
         s = torch.baddbmm(neg_m if bias is None else neg_m + bias, qi, kT[..., j0:j1]).exp2_()  # (.., G*Br, Bc)
-        l.add_(s.sum(dim=-1, keepdim=True))
-        acc.baddbmm_(s, vv[:, j0:j1])  # acc += P~ V_j
+        if acc is None:  # the first key block initializes the sums
+            l, acc = s.sum(dim=-1, keepdim=True), torch.bmm(s, vv[:, j0:j1])  # noqa: E741
+        else:
+            l.add_(s.sum(dim=-1, keepdim=True))
+            acc.baddbmm_(s, vv[:, j0:j1])  # acc += P~ V_j
     return acc, l
 
 
@@ -93,7 +96,7 @@ def diagonal_bias(masks: dict, Nq: int, Nk: int, rows, cols, G: int, dtype, devi
     return masks[key]
 
 
-for _Br, _Bc in ((64, 256), (128, 128), (128, 256), (256, 256), (17, 33)):
+for _Br, _Bc in ((128, 256), (256, 256), (17, 33)):
     register(
         "attention", f"fa2_optimistic_{_Br}x{_Bc}", devices=("cpu", "cuda"),
         cite="Dao 2023, FlashAttention-2, Algorithm 1, with a stale max checked through the row sums",
