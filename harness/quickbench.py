@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = "^(" + "|".join([
     r"bench_attention\.(SdpaRatio|ModelledHBMTraffic)",
     r"bench_attention_backward\.AttentionBackward\.track_backward_peak_memory",
-    r"bench_kvcache\.(PrefillVsDecode|CachedVsRecompute)",
-    r"bench_paging\.ServingSimulator",
+    r"bench_kvcache\.(PrefillVsDecode|CachedVsRecompute|MemoryRoofline)",
+    r"bench_paging\.(ServingSimulator|PagedDecodeAttention\.track_paged_over_contiguous)",
     r"bench_quantization\.QuantizerError",
     r"bench_speculative\.Enumeration\.time_vocab4",
 ]) + ")"

@@ -209,6 +209,15 @@ def paging(r: Report) -> None:
     sweep = sim.block_size_sweep("a")
     r.table(["block size", "wasted tokens per request", "(block - 1) / 2"], [[b, w, (b - 1) / 2] for b, w in sweep],
             caption="Internal fragmentation per request is half a block on average.")
+    from harness.report.asvdata import values
+
+    ratio = values("bench_paging.PagedDecodeAttention.track_paged_over_contiguous")
+    lengths = sorted({key[2] for key in ratio})
+    r.table(["implementation", *(f"cache {n}" for n in lengths)],
+            [[impl, *(ratio.get((impl, "cpu", n), float("nan")) for n in lengths)]
+             for impl in sorted({key[0] for key in ratio})],
+            caption="Paged decode attention time / SDPA on the same contiguous K/V (B=8, H=32, Hkv=8, d=128, "
+                    "block 16, float32, CPU; goal <= 1.25).")
 
 
 @section("Quantization: NLL vs bits per granularity, and the outlier table")
