@@ -7,7 +7,7 @@
         `lm.vocab_size` is V.
 
     rng.categorical(probs (..., V)) -> LongTensor (...)     one draw per row
-    rng.bernoulli(probs (...)) -> BoolTensor (...)           True with the given probability
+    rng.bernoulli(probs (...)) -> BoolTensor (...)           True with the given probability (or a float: 0-dim)
 
 A sampler draws randomness only through its `Rng`, so `harness.enumeration` can replace it by one that
 visits every branch with its exact probability.  `TorchRng` is the real back end (a seeded
@@ -43,6 +43,8 @@ def check_distribution(p: torch.Tensor, what: str) -> None:
     """ValueError unless every row of p (..., V) is finite, non-negative and sums to one."""
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"{what}: probabilities must be a torch.Tensor, got {type(p).__name__}")
+    if p.dim() == 1 and p.numel() and float(p.min()) >= 0 and abs(float(p.sum()) - 1) <= PROBABILITY_SUM:
+        return  # the fast path for one row (a sampler's every draw): NaN and inf fail a comparison
     if p.numel() and float(p.min()) >= 0 and float((p.sum(-1) - 1).abs().max()) <= PROBABILITY_SUM:
         return  # the fast path: NaN and inf fail one of these comparisons
     if not torch.isfinite(p).all():
@@ -68,10 +70,16 @@ class TorchRng:
 
     def categorical(self, probs: torch.Tensor) -> torch.Tensor:
         check_distribution(probs, "rng.categorical")
+        if probs.dim() == 1 and probs.device == self.gen.device:  # one draw, as below without the reshapes
+            return torch.multinomial(probs, 1, generator=self.gen)[0].cpu()
         flat = probs.reshape(-1, probs.shape[-1]).to(self.device)  # (rows, V)
         return torch.multinomial(flat, 1, generator=self.gen).reshape(probs.shape[:-1]).cpu()
 
-    def bernoulli(self, probs: torch.Tensor) -> torch.Tensor:
+    def bernoulli(self, probs: torch.Tensor | float) -> torch.Tensor:
+        if type(probs) is float:  # one acceptance test: the same draw, without tensor checks around it
+            if not 0.0 <= probs <= 1.0:
+                raise ValueError(f"rng.bernoulli: a Bernoulli probability must lie in [0, 1], got {probs}")
+            return torch.rand((), generator=self.gen, dtype=torch.float64, device=self.device).cpu() < probs
         probs = torch.as_tensor(probs, dtype=torch.float64)
         check_probability(probs, "rng.bernoulli")
         u = torch.rand(probs.shape, generator=self.gen, dtype=torch.float64, device=self.device).cpu()
@@ -126,7 +134,9 @@ class PerPrefix:
 
     A float32 model's rounding depends on the length of the sequence it runs over (~1e-8), so the p a
     target call over gamma + 1 positions returns differs in the last bits from what single-position calls
-    return.  Comparing a sampler with the autoregressive reference to 1e-12 needs both to see one p.
+    return.  Comparing a sampler with the autoregressive reference to 1e-12 needs both to see one p.  Rows
+    are shared with processes forked later (`harness.enumeration`'s workers), not with the forking one:
+    compute the reference first.
     """
 
     def __init__(self, lm: LM) -> None:

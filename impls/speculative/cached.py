@@ -35,8 +35,8 @@ def cached(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
             if i < k - 1:
                 q = checked(ds.extend(xs[-1:])[-1], "draft")
         p = checked(ts.extend(ctx[ts.length :] + xs)[-(k + 1) :], "target")  # (k + 1, V), one cached step
-        n = 0
-        while n < k and bool(rng.bernoulli((p[n, xs[n]] / qs[n][xs[n]]).clamp(max=1.0))):
+        n = 0  # x_n is accepted with probability min(1, p_n(x_n) / q_n(x_n)), read as two floats
+        while n < k and bool(rng.bernoulli(min(1.0, float(p[n, xs[n]]) / float(qs[n][xs[n]])))):
             n += 1
         last = int(rng.categorical(residual(p[n], qs[n]) if n < k else p[k]))
         ts.rollback(len(ctx) + n)  # keep the context and the accepted drafts; `last` is fed next round

@@ -33,8 +33,8 @@ def speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
             xs.append(int(rng.categorical(q)))
             qs.append(q)
         p = target([ctx + xs], k + 1)[0]  # (k + 1, V): p_1 .. p_{k+1} in one call
-        n = 0
-        while n < k and bool(rng.bernoulli((p[n, xs[n]] / qs[n][xs[n]]).clamp(max=1.0))):
+        n = 0  # x_n is accepted with probability min(1, p_n(x_n) / q_n(x_n)), read as two floats
+        while n < k and bool(rng.bernoulli(min(1.0, float(p[n, xs[n]]) / float(qs[n][xs[n]])))):
             n += 1
         last = rng.categorical(residual(p[n], qs[n]) if n < k else p[k])  # replacement, or bonus token
         new = [*xs[:n], int(last)]
