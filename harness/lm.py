@@ -189,14 +189,21 @@ class KVSession:
             old_k, old_v = self.cache[layer]
             k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)  # (1, Hkv, t, d)
         self.cache[layer] = (k, v)
-        return self.attention(q, k, v, causal=True)  # bottom-right: new queries see the whole cache
+        # bottom-right: new queries see the whole cache, so one new query needs no mask at all
+        return self.attention(q, k, v, causal=q.shape[2] > 1)
 
     @torch.no_grad()
     def extend(self, tokens: Sequence[int]) -> torch.Tensor:
         """(len(tokens), V) float64: the distribution after each new token."""
-        idx = torch.tensor([list(tokens)], dtype=torch.long)  # (1, t)
+        tokens, cfg = list(tokens), self.model.cfg
+        if not tokens or not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in tokens):
+            raise ValueError(f"KVSession.extend: tokens must be a non-empty list of ids in [0, {cfg.vocab_size})")
+        if self.length + len(tokens) > cfg.block_size:
+            raise ValueError(f"KVSession.extend: {self.length} + {len(tokens)} positions exceed block_size "
+                             f"{cfg.block_size}")
+        idx = torch.tensor([tokens], dtype=torch.long)  # (1, t)
         positions = torch.arange(self.length, self.length + len(tokens))[None]  # (1, t)
-        logits = self.model.forward_with(idx, positions, self._attend)[0]  # (t, V)
+        logits = self.model.forward_with(idx, positions, self._attend, checked=True)[0]  # (t, V)
         self.length += len(tokens)
         return torch.softmax(logits.double(), dim=-1)
 

@@ -92,7 +92,7 @@ class CachedDecoder:
         self.positions = torch.arange(width).expand(B, width)  # (B, Lmax)
         self.valid = self.positions < lengths[:, None]  # (B, Lmax)
         self.allocate(B)
-        logits = self.model.forward_with(idx, self.positions, self.attend)  # (B, Lmax, V)
+        logits = self.model.forward_with(idx, self.positions, self.attend, checked=True)  # (B, Lmax, V)
         self.lengths = lengths
         return logits[torch.arange(B), lengths - 1]  # (B, V)
 
@@ -101,7 +101,7 @@ class CachedDecoder:
         check_step(tokens, self.lengths, self.model.cfg.vocab_size, self.max_len)
         self.positions = self.next_positions()  # (B, 1)
         self.valid = torch.ones_like(self.positions, dtype=torch.bool)
-        logits = self.model.forward_with(tokens[:, None], self.positions, self.attend)[:, 0]  # (B, V)
+        logits = self.model.forward_with(tokens[:, None], self.positions, self.attend, checked=True)[:, 0]  # (B, V)
         self.lengths = self.lengths + 1
         return logits
 

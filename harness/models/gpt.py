@@ -119,9 +119,13 @@ class GPT(nn.Module):
         attention = get("attention", self.cfg.attention).fn
         return self.forward_with(idx, positions, lambda layer, q, k, v: attention(q, k, v, causal=True))
 
-    def forward_with(self, idx: torch.Tensor, positions: torch.Tensor | None, attend: Attend) -> torch.Tensor:
-        """Logits (B, T, V) with ``attend(layer, q (B,H,T,d), k, v (B,Hkv,T,d)) -> (B,H,T,d)`` as attention."""
-        positions = self.check_inputs(idx, positions)
+    def forward_with(self, idx: torch.Tensor, positions: torch.Tensor | None, attend: Attend, *,
+                     checked: bool = False) -> torch.Tensor:
+        """Logits (B, T, V) with ``attend(layer, q (B,H,T,d), k, v (B,Hkv,T,d)) -> (B,H,T,d)`` as attention.
+
+        ``checked=True``: the caller has already validated idx and positions (a KV cache validates each step's
+        tokens and owns the positions), so the four reductions of `check_inputs` are not paid again per step."""
+        positions = positions if checked else self.check_inputs(idx, positions)
         x = self.wte(idx)  # (B, T, D)
         if self.wpe is not None:
             x = x + self.wpe(positions)
