@@ -50,6 +50,24 @@ def _draft(name: str):
             "prompt_lookup": lambda: PromptLookup(V)}[name]()
 
 
+def _enumerable_sampler(impl: str, device: str):
+    import torch
+
+    resolve_device(device)
+    if device != "cpu":
+        raise NotImplementedError("enumeration runs on the cpu")
+    return resolve_impl("speculative", impl, torch.device(device), "float64").fn
+
+
+def _tiny_models_seconds(fn, T: int) -> float:
+    """Seconds to enumerate the tiny target with draft_good at gamma 2 for the first T tokens."""
+    from harness.enumeration import exact_distribution
+    from harness.lm import PerPrefix
+
+    zoo, target = _models()
+    return exact_distribution(fn, PerPrefix(target), _draft("draft_good"), [zoo.tokenizer().bos], gamma=2, T=T).seconds
+
+
 class Enumeration:
     """Exact enumeration: a vocabulary-4 table pair at gamma 3, T 4 (goal <= 1 s); tiny models gamma 2, T 2."""
 
@@ -58,15 +76,10 @@ class Enumeration:
     timeout = 600
 
     def setup(self, impl, device):
-        import torch
-
         from harness.lm import TableLM
         from harness.strategies import generator, probability_table
 
-        resolve_device(device)
-        if device != "cpu":
-            raise NotImplementedError("enumeration runs on the cpu")
-        self.fn = resolve_impl("speculative", impl, torch.device(device), "float64").fn
+        self.fn = _enumerable_sampler(impl, device)
         g = generator(0)
         self.target, self.draft = (TableLM(probability_table(4, order, 0.3, g)) for order in (2, 1))
 
@@ -76,12 +89,7 @@ class Enumeration:
         exact_distribution(self.fn, self.target, self.draft, [0], gamma=3, T=4)
 
     def track_tiny_models_gamma2_T2_seconds(self, impl, device):
-        from harness.enumeration import exact_distribution
-        from harness.lm import PerPrefix
-
-        zoo, target = _models()
-        e = exact_distribution(self.fn, PerPrefix(target), _draft("draft_good"), [zoo.tokenizer().bos], gamma=2, T=2)
-        return e.seconds
+        return _tiny_models_seconds(self.fn, T=2)
 
     track_tiny_models_gamma2_T2_seconds.unit = "s"
 
@@ -97,20 +105,10 @@ class EnumerationGoal:
     timeout = 600
 
     def setup(self, impl, device):
-        import torch
-
-        resolve_device(device)
-        if device != "cpu":
-            raise NotImplementedError("enumeration runs on the cpu")
-        self.fn = resolve_impl("speculative", impl, torch.device(device), "float64").fn
+        self.fn = _enumerable_sampler(impl, device)
 
     def track_tiny_models_gamma2_T3_seconds(self, impl, device):
-        from harness.enumeration import exact_distribution
-        from harness.lm import PerPrefix
-
-        zoo, target = _models()
-        e = exact_distribution(self.fn, PerPrefix(target), _draft("draft_good"), [zoo.tokenizer().bos], gamma=2, T=3)
-        return e.seconds
+        return _tiny_models_seconds(self.fn, T=3)
 
     track_tiny_models_gamma2_T3_seconds.unit = "s"
 
