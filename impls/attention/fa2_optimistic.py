@@ -1,17 +1,19 @@
-"""FlashAttention-2 for the CPU with no row-max pass: a stale max, checked once per query block.
+"""FlashAttention-2 for the CPU with no row-max pass: no shift at all, checked once per query block.
 
-Softmax is shift-invariant, so any m works as long as e^(S - m) neither overflows nor loses the
-row.  Each query block takes m from its scores against key 0 (a tiny GEMM; every visited row sees
-key 0, so m <= the true row max: every e^(S - m) is at least what the true max would give, and the
-row sum l >= 1).  Each key block is then two GEMMs, one in-place exp2 and one row sum:
-S - m = baddbmm(-m, Q_i, K_j^T), P~ = 2^(S - m), l += rowsum(P~), acc += P~ V_j -- no amax, no
-comparison and no rescale.  Scores are kept in base 2 (q is scaled by scale * log2(e) once), as
-FlashAttention-2's kernels do: exp2 costs half of exp here.  Since l >= every 2^(S - m), one check
-at the end of the query block (l <= LIMIT, which also catches inf and NaN) proves nothing
-overflowed; a block that fails it (m was far below a row's max: adversarial logits) is recomputed
-by exact FA-2 with a running max.
+Softmax is shift-invariant, so any m works as long as 2^(S - m) neither overflows nor underflows the
+row.  Scores are kept in base 2 (q is scaled by scale * log2(e) once; exp2 costs half of exp here,
+as in FlashAttention-2's kernels).  Each key block is two GEMMs, one in-place exp2 and one row sum:
+P~ = 2^(S - m), l += rowsum(P~), acc += P~ V_j -- no amax, no comparison, no rescale.  Three tiers per
+query block, each proved by its row sums after the fact (l >= every 2^(S - m), so l <= 2^40 proves
+nothing overflowed; l >= 2^-60 proves the largest term is a normal float, so underflowed terms are
+below 2^-89 of the sum):
+  1. m = 0: S = Q_i K_j^T straight out of bmm, nothing written before the GEMM (the common case:
+     |scores| < ~27 nats);
+  2. m = the scores against key 0 (every visited row sees key 0, so m <= the row max and l >= 1),
+     subtracted inside the GEMM by baddbmm (logits with a large common offset, attention sinks);
+  3. exact FA-2 with a running max (adversarial logits).
 Invariant after key block j: acc and l are the exact softmax numerator and denominator over keys
-0..j for the fixed shift m.  Dao 2023, "FlashAttention-2", Algorithm 1; the stale max generalises
+0..j for the fixed shift m.  Dao 2023, "FlashAttention-2", Algorithm 1; the fixed shift generalises
 FlashAttention-4's conditional rescaling (Dao et al. 2025) from "max grew by more than tau" to
 "never, unless the sums prove it was needed".
 """
@@ -24,7 +26,8 @@ from harness.contracts.attention import causal_allowed, check_inputs
 from harness.registry import register
 from impls.attention.merge import accumulator_dtype
 
-LIMIT = 2.0**40  # largest row sum accepted from a stale max: every 2^(S - m) <= 2^40, far from overflow
+LIMIT = 2.0**40  # largest row sum accepted from a fixed shift: every 2^(S - m) <= 2^40, far from overflow
+FLOOR = 2.0**-60  # smallest row sum accepted: its largest term is a normal float32, the lost ones < 2^-89 of it
 
 
 def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256):
@@ -38,6 +41,7 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
     out = torch.empty(BH, G, Nq, d, dtype=q.dtype, device=q.device)  # every row is written below
     out[:, :, : first_row if Nk else Nq] = 0  # rows that see no key
     masks: dict = {}
+    work = torch.empty(BH * G * min(Br, Nq) * min(Bc, Nk), dtype=acc_t, device=q.device)  # one score block
     for i0 in range(first_row, Nq if Nk else 0, Br):
         i1 = min(i0 + Br, Nq)
         qi = qs[:, :, i0:i1].reshape(BH, G * (i1 - i0), d)  # (B*Hkv, G*Br, d): G heads stack their rows
@@ -48,25 +52,41 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
             bias = diagonal_bias(masks, Nq, Nk, (i0, i1), (j0, j1), G, acc_t, q.device) \
                 if causal and j1 - 1 > i0 + Nk - Nq else None  # block crosses the diagonal: 0 / -inf
             blocks.append((j0, j1, bias))
-        acc, l = stale_max_block(qi, kT, vv, blocks)  # noqa: E741 - (B*Hkv, G*Br, d), (B*Hkv, G*Br, 1)
-        if not bool((l <= LIMIT).all()):  # m was far below some row's max: redo exactly
-            acc, l = running_max_block(qi, kT, vv, blocks)  # noqa: E741
+        acc, l = fixed_shift_block(qi, kT, vv, blocks, None, work)  # noqa: E741 - (B*Hkv, G*Br, d), (B*Hkv, G*Br, 1)
+        if not trusted(acc, l):  # scores far from 0: shift by the scores against key 0
+            acc, l = fixed_shift_block(qi, kT, vv, blocks, -torch.bmm(qi, kT[..., :1]), work)  # noqa: E741
+            if not trusted(acc, l):  # m was far below some row's max: redo exactly
+                acc, l = running_max_block(qi, kT, vv, blocks)  # noqa: E741
         out[:, :, i0:i1] = (acc / l).reshape(BH, G, i1 - i0, d)  # (B*Hkv, G, Br, d)
     return out.reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 
-def stale_max_block(qi, kT, vv, blocks):
-    """acc (B*Hkv, G*Br, d) and l (B*Hkv, G*Br, 1) of one query block, shifted by its scores against key 0."""
-    neg_m = -torch.bmm(qi, kT[..., :1])  # (B*Hkv, G*Br, 1)
+def fixed_shift_block(qi, kT, vv, blocks, neg_m, work):
+    """acc (B*Hkv, G*Br, d) and l (B*Hkv, G*Br, 1) of one query block for the row shift -neg_m (None: 0).
+
+    Scores go to `work`, one buffer reused by every key block: a fresh 2 MB tensor per block would be
+    fresh pages from the OS, and their page faults cost as much as a third of the GEMM that fills them."""
     acc = l = None  # noqa: E741
     for j0, j1, bias in blocks:
-        s = torch.baddbmm(neg_m if bias is None else neg_m + bias, qi, kT[..., j0:j1]).exp2_()  # (.., G*Br, Bc)
+        shift = neg_m if bias is None else bias if neg_m is None else neg_m + bias
+        s = work[: qi.shape[0] * qi.shape[1] * (j1 - j0)].view(qi.shape[0], qi.shape[1], j1 - j0)  # (.., G*Br, Bc)
+        if shift is None:
+            torch.bmm(qi, kT[..., j0:j1], out=s)
+        else:
+            torch.baddbmm(shift, qi, kT[..., j0:j1], out=s)
+        s.exp2_()
         if acc is None:  # the first key block initializes the sums
             l, acc = s.sum(dim=-1, keepdim=True), torch.bmm(s, vv[:, j0:j1])  # noqa: E741
         else:
             l.add_(s.sum(dim=-1, keepdim=True))
             acc.baddbmm_(s, vv[:, j0:j1])  # acc += P~ V_j
     return acc, l
+
+
+def trusted(acc, l) -> bool:  # noqa: E741
+    """Every row sum in [FLOOR, LIMIT] and acc finite (NaN fails every comparison; a sum of finite values
+    that overflows only sends a good block to the next tier): the fixed shift lost nothing."""
+    return FLOOR <= float(l.min()) and float(l.max()) <= LIMIT and math.isfinite(float(acc.sum()))
 
 
 def running_max_block(qi, kT, vv, blocks):
