@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from harness.tolerance import PROBABILITY_SUM
@@ -64,22 +65,47 @@ def check_probability(p: torch.Tensor, what: str) -> None:
 class TorchRng:
     """Seeded draws from a torch.Generator (cpu or cuda)."""
 
+    UNIFORMS = 256  # uniforms drawn per generator call for one-row draws and acceptance tests
+
     def __init__(self, seed: int, device: str = "cpu") -> None:
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.device = device
+        self.uniforms: list[float] = []  # drawn ahead, consumed from the end
+
+    def _uniform(self) -> float:
+        """The next U[0, 1) float64 of a stream drawn UNIFORMS at a time: one generator call per 256 draws
+        instead of one per draw (a sampler's per-token overhead), the same stream for the same seed."""
+        if not self.uniforms:
+            self.uniforms = torch.rand(self.UNIFORMS, generator=self.gen, dtype=torch.float64,
+                                       device=self.device).tolist()[::-1]
+        return self.uniforms.pop()
 
     def categorical(self, probs: torch.Tensor) -> torch.Tensor:
+        if probs.dim() == 1 and probs.device.type == "cpu":  # a sampler's every draw
+            return self._inverse_cdf(probs)
         check_distribution(probs, "rng.categorical")
-        if probs.dim() == 1 and probs.device == self.gen.device:  # one draw, as below without the reshapes
-            return torch.multinomial(probs, 1, generator=self.gen)[0].cpu()
         flat = probs.reshape(-1, probs.shape[-1]).to(self.device)  # (rows, V)
         return torch.multinomial(flat, 1, generator=self.gen).reshape(probs.shape[:-1]).cpu()
+
+    def _inverse_cdf(self, probs: torch.Tensor) -> torch.Tensor:
+        """One draw by inversion: the first i with cdf[i] > u * cdf[-1], u ~ U[0, 1), in numpy (a fifth of
+        multinomial's cost on a small vocabulary).  A token of probability 0 has cdf[i] == cdf[i - 1] and
+        can never be that first i; u * cdf[-1] < cdf[-1] keeps i in range.  cdf[-1] is the sum, so the
+        checks of `check_distribution` come for free (NaN fails them and gets its full diagnosis)."""
+        p = probs.detach().numpy()  # (V,), no copy
+        if not p.size:
+            raise ValueError("rng.categorical: probabilities must have at least one entry, got an empty vector")
+        cdf = np.cumsum(p)  # (V,)
+        if not (p.min() >= 0 and abs(cdf[-1] - 1) <= PROBABILITY_SUM):
+            check_distribution(probs, "rng.categorical")  # raises, naming what is wrong
+        u = self._uniform() * float(cdf[-1])
+        return torch.tensor(int(np.searchsorted(cdf, u, side="right")))  # () int64
 
     def bernoulli(self, probs: torch.Tensor | float) -> torch.Tensor:
         if type(probs) is float:  # one acceptance test: the same draw, without tensor checks around it
             if not 0.0 <= probs <= 1.0:
                 raise ValueError(f"rng.bernoulli: a Bernoulli probability must lie in [0, 1], got {probs}")
-            return torch.rand((), generator=self.gen, dtype=torch.float64, device=self.device).cpu() < probs
+            return torch.tensor(self._uniform() < probs)
         probs = torch.as_tensor(probs, dtype=torch.float64)
         check_probability(probs, "rng.bernoulli")
         u = torch.rand(probs.shape, generator=self.gen, dtype=torch.float64, device=self.device).cpu()
@@ -208,8 +234,11 @@ class KVSession:
         return torch.softmax(logits.double(), dim=-1)
 
     def rollback(self, length: int) -> None:
-        self.cache = {layer: (k[:, :, :length], v[:, :, :length]) for layer, (k, v) in self.cache.items()}
-        self.length = length
+        if not 0 <= length <= self.length:
+            raise ValueError(f"KVSession.rollback: length must lie in [0, {self.length}], got {length}")
+        if length != self.length:  # a round that accepted every draft token rolls nothing back
+            self.cache = {layer: (k[:, :, :length], v[:, :, :length]) for layer, (k, v) in self.cache.items()}
+            self.length = length
 
 
 class RecomputeSession:

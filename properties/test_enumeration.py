@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.enumeration import ReplayRng, exact_distribution, explore, max_difference
@@ -101,3 +101,18 @@ def test_temperature_is_applied_before_the_sampler(case, temperature):
     truth = autoregressive_distribution(Tempered(target, temperature), case.prompt, case.T, case.eos)
     assert max_difference(got.dist, truth)[0] <= FLOAT64_IDENTITY
     assert hot_target.calls + hot_draft.calls == got.model_calls, "memoized calls miscounted"
+
+
+@settings(max_examples=10)  # each example is a test at false-alarm rate 1e-3: ten keep `thorough` quiet
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(2, 8), zeros=st.sampled_from([0.0, 0.3, 0.6]))
+def test_torch_rng_draws_follow_the_probabilities(seed, V, zeros):
+    """TorchRng's one-row draws (inversion in numpy) pass a chi-square test against the probabilities at
+    the statistical tier's power, and never draw a token of probability 0."""
+    from harness.statistical import goodness_of_fit, sample_size
+    from harness.strategies import probability_table
+
+    p = probability_table(V, 0, zeros, torch.Generator().manual_seed(seed))  # (V,), with zeros
+    exact = {i: float(x) for i, x in enumerate(p) if x > 0}
+    rng = TorchRng(seed)
+    fit = goodness_of_fit([int(rng.categorical(p)) for _ in range(sample_size(len(exact)))], exact)
+    assert not fit.rejected, f"TorchRng({seed}).categorical({p.tolist()}): {fit.describe()}"

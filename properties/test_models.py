@@ -21,7 +21,7 @@ from harness.models.world import (
     is_grammatical,
     parse_error,
 )
-from harness.tolerance import RECORDED_METRIC_RTOL
+from harness.tolerance import FLOAT64_IDENTITY, RECORDED_METRIC_RTOL
 
 seeds = st.integers(0, 2**31 - 1)
 
@@ -110,6 +110,31 @@ def test_gpt_is_causal(seed, positions, n_kv_head, cut):
         la, lb = model(a), model(b)
     assert la.shape == (2, 10, 9)
     assert torch.equal(la[:, :cut], lb[:, :cut])
+
+
+@given(seed=seeds, positions=st.sampled_from(["rotary", "learned"]), n_kv_head=st.sampled_from([1, 2]),
+       moves=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4)), min_size=1, max_size=6))
+def test_kv_session_matches_the_full_forward_through_extends_and_rollbacks(seed, positions, n_kv_head, moves):
+    """A KV session driven like a speculative sampler drives it (extend by a few tokens, roll back a few,
+    a roll back of nothing included) returns, at every extend, the full forward's distributions over the
+    session's prefix, which a plain token list shadows."""
+    from harness.lm import GPTLM
+
+    torch.manual_seed(seed % 1000)
+    lm = GPTLM(GPT(GPTConfig(vocab_size=9, block_size=32, n_layer=2, n_head=2, n_kv_head=n_kv_head, n_embd=8,
+                             positions=positions)).double().eval())
+    g = torch.Generator().manual_seed(seed)
+    session, shadow = lm.session(), []
+    for grow, shrink in moves:
+        new = torch.randint(0, 9, (grow,), generator=g).tolist()
+        shadow += new
+        got = session.extend(new)  # (grow, V)
+        assert (got - lm([shadow], grow)[0]).abs().max() <= FLOAT64_IDENTITY, f"after {len(shadow)} tokens"
+        del shadow[len(shadow) - min(shrink, len(shadow) - 1):]
+        session.rollback(len(shadow))
+        assert session.length == len(shadow)
+    with pytest.raises(ValueError, match="rollback"):
+        session.rollback(len(shadow) + 1)
 
 
 def test_gpt_rejects_bad_input():

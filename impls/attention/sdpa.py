@@ -5,6 +5,8 @@ passed; query rows that see no key (Nq > Nk) are zeroed as the contract requires
 them NaN or undefined).  The baseline every tiled implementation is measured against.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +20,13 @@ def sdpa_attention(q, k, v, *, causal=False, scale=None):
     (Nq, H), (Nk, Hkv) = (q.shape[2], q.shape[1]), (k.shape[2], k.shape[1])
     if not causal or Nq == Nk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=H != Hkv)
-    allowed = causal_allowed(Nq, Nk, device=q.device)  # (Nq, Nk) bottom-right
+    allowed = bottom_right(Nq, Nk, q.device)  # (Nq, Nk)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=H != Hkv)
-    return torch.where(allowed.any(dim=-1)[:, None], out, 0)  # rows with no visible key -> 0
+    return out if Nq <= Nk else torch.where(allowed.any(dim=-1)[:, None], out, 0)  # rows with no visible key -> 0
+
+
+@functools.lru_cache(maxsize=64)
+def bottom_right(Nq: int, Nk: int, device: torch.device) -> torch.Tensor:
+    """The bottom-right causal mask, built once per shape: a KV cache verifying draft tokens asks for the
+    same few shapes step after step.  Read-only (SDPA never writes its mask)."""
+    return causal_allowed(Nq, Nk, device=device)

@@ -6,6 +6,8 @@ token and the k drafts); rejected positions are rolled back by truncating the ca
 Invariant: the same accept/resample rule as `standard`, so the output distribution is the target's.
 """
 
+import torch
+
 from harness.contracts.speculative import Generation, Round, check_inputs
 from harness.lm import check_distribution, session
 from harness.registry import register
@@ -35,8 +37,10 @@ def cached(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
             if i < k - 1:
                 q = checked(ds.extend(xs[-1:])[-1], "draft")
         p = checked(ts.extend(ctx[ts.length :] + xs)[-(k + 1) :], "target")  # (k + 1, V), one cached step
-        n = 0  # x_n is accepted with probability min(1, p_n(x_n) / q_n(x_n)), read as two floats
-        while n < k and bool(rng.bernoulli(min(1.0, float(p[n, xs[n]]) / float(qs[n][xs[n]])))):
+        rows = torch.arange(k)
+        ratios = (p[rows, xs] / torch.stack(qs)[rows, xs]).tolist() if k else []  # p_i(x_i) / q_i(x_i), (k,)
+        n = 0  # x_n is accepted with probability min(1, p_n(x_n) / q_n(x_n))
+        while n < k and bool(rng.bernoulli(min(1.0, ratios[n]))):
             n += 1
         last = int(rng.categorical(residual(p[n], qs[n]) if n < k else p[k]))
         ts.rollback(len(ctx) + n)  # keep the context and the accepted drafts; `last` is fed next round
