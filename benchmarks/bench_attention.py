@@ -3,6 +3,8 @@
 The oracle (float64 by construction) is left out of the timing grid.
 """
 
+import os
+
 import torch
 
 from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl, sync
@@ -53,13 +55,17 @@ class SdpaRatio:
     (best of two calls each), and the result is the median over rounds of (fastest candidate / SDPA):
     load that comes and goes on a shared machine hits both sides of each round's ratio."""
 
-    params = [DEVICES]
-    param_names = ["device"]
+    params = [DEVICES, ["1", "all"]]
+    param_names = ["device", "cpu_threads"]
     timeout = 600
     ROUNDS = 7
 
-    def setup(self, device):
+    def setup(self, device, cpu_threads):
         self.device = resolve_device(device)
+        if cpu_threads == "1" and self.device.type != "cpu":
+            raise NotImplementedError("the thread count is a CPU parameter")
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1 if cpu_threads == "1" else os.cpu_count() or 1)  # both sides get the same cores
         g = torch.Generator().manual_seed(0)
         self.qkv = [torch.randn(1, 8, 2048, 64, generator=g).to(self.device) for _ in range(3)]
         runnable = [impl for impl in map(self._runnable, IMPLS) if impl is not None]
@@ -96,7 +102,10 @@ class SdpaRatio:
                 rounds[name].append(self._seconds(self.tiled[name]) / sdpa)
         return {name: statistics.median(r) for name, r in rounds.items()}
 
-    def track_best_tiled_over_sdpa(self, device):
+    def teardown(self, device, cpu_threads):
+        torch.set_num_threads(self.threads)
+
+    def track_best_tiled_over_sdpa(self, device, cpu_threads):
         """Lower is better: 1.0 means the best tiled kernel matches SDPA."""
         return min(self.ratios().values())
 

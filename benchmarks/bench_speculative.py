@@ -255,16 +255,35 @@ class WallClock:
 
     track_speedup_measured.unit = "x"
 
-    def track_speedup_estimated(self, draft, gamma, device):
+    def _step_seconds(self, lm, positions: int = 1) -> float:
         from harness.lm import session
+
+        s = session(lm)
+        s.extend([self.bos] * 30)
+        return median_seconds(lambda: (s.extend([self.bos] * positions), s.rollback(30)), repeat=21)
+
+    def track_speedup_estimated(self, draft, gamma, device):
+        """Leviathan et al.'s estimate: (1 - a^(g+1)) / ((1 - a)(1 + g c))."""
         from harness.speedup import speedup
 
-        def step_time(lm):
-            s = session(lm)
-            s.extend([self.bos] * 30)
-            return median_seconds(lambda: (s.extend([self.bos]), s.rollback(30)), repeat=21)
-
-        c = step_time(self.draft) / step_time(self.target)
+        c = self._step_seconds(self.draft) / self._step_seconds(self.target)
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c)
 
     track_speedup_estimated.unit = "x"
+
+    def track_verify_over_step(self, draft, gamma, device):
+        """Time of the target call that verifies g drafts (g + 1 positions) / time of a one-token step:
+        1 where a step is bound by reading weights; more on this CPU, where small GEMMs cost by rows."""
+        return self._step_seconds(self.target, gamma + 1) / self._step_seconds(self.target)
+
+    track_verify_over_step.unit = "ratio"
+
+    def track_speedup_estimated_with_verify(self, draft, gamma, device):
+        """The same estimate with the measured verify cost: (1 - a^(g+1)) / ((1 - a)(v + g c))."""
+        from harness.speedup import speedup
+
+        step = self._step_seconds(self.target)
+        c, verify = self._step_seconds(self.draft) / step, self._step_seconds(self.target, gamma + 1) / step
+        return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c, verify)
+
+    track_speedup_estimated_with_verify.unit = "x"

@@ -5,6 +5,10 @@ draft step costing c target steps:
 
     tokens per target call  E = (1 - a^(gamma+1)) / (1 - a) = 1 + a + ... + a^gamma     (their eq. 1)
     speedup                 E / (1 + gamma c)                                            (their Thm 3.8)
+
+Theorem 3.8 assumes the target scores gamma + 1 positions in the time of one decode step, true where a
+step is bound by reading the weights (a GPU).  Where it is not, `verify` = time of the (gamma + 1)-position
+call / time of a one-position step enters the denominator: E / (verify + gamma c).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ def tokens_per_call(a: float, gamma: int) -> float:
     return sum(a**i for i in range(gamma + 1))
 
 
-def speedup(a: float, gamma: int, c: float) -> float:
-    return tokens_per_call(a, gamma) / (1 + gamma * c)
+def speedup(a: float, gamma: int, c: float, verify: float = 1.0) -> float:
+    return tokens_per_call(a, gamma) / (verify + gamma * c)
 
 
 def best_gamma(a: float, c: float, max_gamma: int = 64) -> tuple[int, float]:

@@ -211,6 +211,8 @@ def test_speedup_calculator_reproduces_worked_exercises():
     assert best_gamma(0.8, 0.05)[0] == 8
     g, s = best_gamma(0.6, 0.05)
     assert (g, round(s, 2)) == (4, 1.92)
+    # a verify call costing 1.6 single steps (this CPU at gamma = 6) instead of Theorem 3.8's 1: 2.40x -> 1.68x
+    assert round(speedup(0.8, 4, 0.1, verify=1.6), 2) == 1.68
 
 
 @given(a=st.floats(0.0, 0.999), gamma=st.integers(1, 16))
