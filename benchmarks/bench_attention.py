@@ -61,10 +61,10 @@ class SdpaRatio:
     ROUNDS = 7
 
     def setup(self, device, cpu_threads):
+        self.threads = torch.get_num_threads()  # first: teardown runs even when setup skips
         self.device = resolve_device(device)
         if cpu_threads == "1" and self.device.type != "cpu":
             raise NotImplementedError("the thread count is a CPU parameter")
-        self.threads = torch.get_num_threads()
         torch.set_num_threads(1 if cpu_threads == "1" else os.cpu_count() or 1)  # both sides get the same cores
         g = torch.Generator().manual_seed(0)
         self.qkv = [torch.randn(1, 8, 2048, 64, generator=g).to(self.device) for _ in range(3)]

@@ -6,7 +6,7 @@ Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts fr
 
 import time
 
-from benchmarks.common import DEVICES, median_seconds, require, resolve_device, resolve_impl
+from benchmarks.common import DEVICES, require, resolve_device, resolve_impl
 
 
 def setup(*params):
@@ -255,18 +255,34 @@ class WallClock:
 
     track_speedup_measured.unit = "x"
 
-    def _step_seconds(self, lm, positions: int = 1) -> float:
+    def _step_costs(self, gamma: int, rounds: int = 41) -> tuple[float, float]:
+        """(c, v): a draft step and the target call verifying gamma drafts, each in target one-token steps.
+        The three calls take turns for `rounds` rounds and each ratio is a median over rounds, so load that
+        comes and goes on a shared machine falls on both sides of every ratio."""
+        import statistics
+
         from harness.lm import session
 
-        s = session(lm)
-        s.extend([self.bos] * 30)
-        return median_seconds(lambda: (s.extend([self.bos] * positions), s.rollback(30)), repeat=21)
+        def timer(lm, positions):
+            s = session(lm)
+            s.extend([self.bos] * 30)
+
+            def run():
+                start = time.perf_counter()
+                s.extend([self.bos] * positions)
+                s.rollback(30)
+                return time.perf_counter() - start
+            return run
+
+        draft, step, verify = timer(self.draft, 1), timer(self.target, 1), timer(self.target, gamma + 1)
+        ratios = [(draft() / t, verify() / t) for t in (step() for _ in range(rounds))]
+        return statistics.median(r[0] for r in ratios), statistics.median(r[1] for r in ratios)
 
     def track_speedup_estimated(self, draft, gamma, device):
         """Leviathan et al.'s estimate: (1 - a^(g+1)) / ((1 - a)(1 + g c))."""
         from harness.speedup import speedup
 
-        c = self._step_seconds(self.draft) / self._step_seconds(self.target)
+        c, _ = self._step_costs(gamma)
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c)
 
     track_speedup_estimated.unit = "x"
@@ -274,7 +290,7 @@ class WallClock:
     def track_verify_over_step(self, draft, gamma, device):
         """Time of the target call that verifies g drafts (g + 1 positions) / time of a one-token step:
         1 where a step is bound by reading weights; more on this CPU, where small GEMMs cost by rows."""
-        return self._step_seconds(self.target, gamma + 1) / self._step_seconds(self.target)
+        return self._step_costs(gamma)[1]
 
     track_verify_over_step.unit = "ratio"
 
@@ -282,8 +298,7 @@ class WallClock:
         """The same estimate with the measured verify cost: (1 - a^(g+1)) / ((1 - a)(v + g c))."""
         from harness.speedup import speedup
 
-        step = self._step_seconds(self.target)
-        c, verify = self._step_seconds(self.draft) / step, self._step_seconds(self.target, gamma + 1) / step
+        c, verify = self._step_costs(gamma)
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c, verify)
 
     track_speedup_estimated_with_verify.unit = "x"

@@ -39,7 +39,9 @@ if __name__ == "__main__":
     import sys
 
     a, c = float(sys.argv[1]), float(sys.argv[2])
+    verify = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0  # a verify call's cost in one-token steps
     for g in range(1, 11):
-        print(f"gamma={g:2d}  tokens/call={tokens_per_call(a, g):.2f}  speedup={speedup(a, g, c):.2f}x")
-    g, s = best_gamma(a, c)
-    print(f"best gamma {g}: {s:.2f}x")
+        print(f"gamma={g:2d}  tokens/call={tokens_per_call(a, g):.2f}  speedup={speedup(a, g, c, verify):.2f}x")
+    if verify == 1.0:
+        g, s = best_gamma(a, c)
+        print(f"best gamma {g}: {s:.2f}x")
