@@ -9,8 +9,8 @@ Dao et al. 2022, "FlashAttention", Sec. 3.1, Algorithm 1.
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from harness.registry import register
 from impls.attention.merge import accumulator_dtype
+from impls.attention.tiled import register_tiles
 
 
 def fa1_attention(q, k, v, *, causal=False, scale=None, Br=32, Bc=32):
@@ -45,9 +45,5 @@ def fa1_attention(q, k, v, *, causal=False, scale=None, Br=32, Bc=32):
     return O.to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 
-for _Br, _Bc in ((32, 32), (64, 64), (24, 40)):
-    register(
-        "attention", f"fa1_{_Br}x{_Bc}", devices=("cpu", "cuda"), cite="Dao et al. 2022, FlashAttention, Algorithm 1",
-        caps={"Br": _Br, "Bc": _Bc, "tiled": True, "io": "fa1"},
-    )(lambda q, k, v, *, causal=False, scale=None, _Br=_Br, _Bc=_Bc: fa1_attention(
-        q, k, v, causal=causal, scale=scale, Br=_Br, Bc=_Bc))
+register_tiles("fa1", fa1_attention, ((32, 32), (64, 64), (24, 40)), io="fa1",
+               cite="Dao et al. 2022, FlashAttention, Algorithm 1")

@@ -9,8 +9,8 @@ the exact softmax-weighted average over keys 0..j.  Causal key blocks entirely a
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from harness.registry import register
 from impls.attention.merge import accumulator_dtype
+from impls.attention.tiled import register_tiles
 
 
 def fa2_attention(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):
@@ -44,9 +44,5 @@ def fa2_attention(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):
     return out.reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 
-for _Br, _Bc in ((64, 64), (128, 128), (256, 256), (48, 80), (17, 33)):
-    register(
-        "attention", f"fa2_{_Br}x{_Bc}", devices=("cpu", "cuda"), cite="Dao 2023, FlashAttention-2, Algorithm 1",
-        caps={"Br": _Br, "Bc": _Bc, "tiled": True, "io": "fa2"},
-    )(lambda q, k, v, *, causal=False, scale=None, _Br=_Br, _Bc=_Bc: fa2_attention(
-        q, k, v, causal=causal, scale=scale, Br=_Br, Bc=_Bc))
+register_tiles("fa2", fa2_attention, ((64, 64), (128, 128), (256, 256), (48, 80), (17, 33)), io="fa2",
+               cite="Dao 2023, FlashAttention-2, Algorithm 1")

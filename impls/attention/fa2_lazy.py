@@ -19,8 +19,8 @@ FlashAttention-4", 2025).
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from harness.registry import register
 from impls.attention.merge import accumulator_dtype
+from impls.attention.tiled import register_tiles
 
 TAU = 8.0  # rescale only when a row max grows by more than this: p = e^(s - m) stays <= e^8
 
@@ -68,10 +68,5 @@ def fa2_lazy_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256):
     return out.reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 
-for _Br, _Bc in ((128, 256), (128, 512), (17, 33)):
-    register(
-        "attention", f"fa2_lazy_rescale_{_Br}x{_Bc}", devices=("cpu", "cuda"),
-        cite="Dao 2023, FlashAttention-2, Algorithm 1 + FlashAttention-4 conditional rescaling",
-        caps={"Br": _Br, "Bc": _Bc, "tiled": True, "io": "fa2"},
-    )(lambda q, k, v, *, causal=False, scale=None, _Br=_Br, _Bc=_Bc: fa2_lazy_attention(
-        q, k, v, causal=causal, scale=scale, Br=_Br, Bc=_Bc))
+register_tiles("fa2_lazy_rescale", fa2_lazy_attention, ((128, 256), (128, 512), (17, 33)), io="fa2",
+               cite="Dao 2023, FlashAttention-2, Algorithm 1 + FlashAttention-4 conditional rescaling")

@@ -23,8 +23,8 @@ import math
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from harness.registry import register
 from impls.attention.merge import accumulator_dtype
+from impls.attention.tiled import register_tiles
 
 LIMIT = 2.0**40  # largest row sum accepted from a fixed shift: every 2^(S - m) <= 2^40, far from overflow
 FLOOR = 2.0**-60  # smallest row sum accepted: its largest term is a normal float32, the lost ones < 2^-89 of it
@@ -116,10 +116,5 @@ def diagonal_bias(masks: dict, Nq: int, Nk: int, rows, cols, G: int, dtype, devi
     return masks[key]
 
 
-for _Br, _Bc in ((128, 256), (256, 256), (17, 33)):
-    register(
-        "attention", f"fa2_optimistic_{_Br}x{_Bc}", devices=("cpu", "cuda"),
-        cite="Dao 2023, FlashAttention-2, Algorithm 1, with a stale max checked through the row sums",
-        caps={"Br": _Br, "Bc": _Bc, "tiled": True, "io": "fa2"},
-    )(lambda q, k, v, *, causal=False, scale=None, _Br=_Br, _Bc=_Bc: fa2_optimistic_attention(
-        q, k, v, causal=causal, scale=scale, Br=_Br, Bc=_Bc))
+register_tiles("fa2_optimistic", fa2_optimistic_attention, ((128, 256), (256, 256), (17, 33)), io="fa2",
+               cite="Dao 2023, FlashAttention-2, Algorithm 1, with a fixed shift checked through the row sums")
