@@ -48,6 +48,19 @@ class AttentionForward:
     track_gflops.unit = "GFLOP/s"
 
 
+def best_seconds(fn, qkv, device, calls: int = 2) -> float:
+    """The fastest of `calls` causal calls of fn(q, k, v), in seconds (CUDA synchronized)."""
+    import time
+
+    best = float("inf")
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn(*qkv, causal=True)
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 class SdpaRatio:
     """Best tiled implementation / SDPA, measured in one process (B=1, H=8, N=2048, d=64, causal, fp32).
 
@@ -58,7 +71,7 @@ class SdpaRatio:
     params = [DEVICES, ["1", "all"]]
     param_names = ["device", "cpu_threads"]
     timeout = 600
-    ROUNDS = 7
+    ROUNDS = 15  # 7-round windows of one process were seen to differ by 20% on this shared machine
 
     def setup(self, device, cpu_threads):
         self.threads = torch.get_num_threads()  # first: teardown runs even when setup skips
@@ -78,28 +91,16 @@ class SdpaRatio:
         except NotImplementedError:  # e.g. a CUDA-only kernel on a CPU machine: not a candidate here
             return None
 
-    def _seconds(self, fn, calls: int = 2) -> float:
-        import time
-
-        q, k, v = self.qkv
-        best = float("inf")
-        for _ in range(calls):
-            start = time.perf_counter()
-            fn(q, k, v, causal=True)
-            sync(self.device)
-            best = min(best, time.perf_counter() - start)
-        return best
-
     def ratios(self) -> dict[str, float]:
         """{candidate: median over rounds of its time / SDPA's} for the three fastest candidates."""
         import statistics
 
-        first = sorted(self.tiled, key=lambda name: self._seconds(self.tiled[name], calls=1))[:3]
+        first = sorted(self.tiled, key=lambda name: best_seconds(self.tiled[name], self.qkv, self.device, 1))[:3]
         rounds: dict[str, list[float]] = {name: [] for name in first}
         for _ in range(self.ROUNDS):
-            sdpa = self._seconds(self.sdpa)
+            sdpa = best_seconds(self.sdpa, self.qkv, self.device)
             for name in first:
-                rounds[name].append(self._seconds(self.tiled[name]) / sdpa)
+                rounds[name].append(best_seconds(self.tiled[name], self.qkv, self.device) / sdpa)
         return {name: statistics.median(r) for name, r in rounds.items()}
 
     def teardown(self, device, cpu_threads):
@@ -110,6 +111,47 @@ class SdpaRatio:
         return min(self.ratios().values())
 
     track_best_tiled_over_sdpa.unit = "ratio"
+
+
+class FlexCompiled:
+    """torch.compile(flex_attention) -- the fused FlexAttention kernel -- at B=1, H=8, N=2048, d=64, causal,
+    fp32, and its time / SDPA's, the two taking turns.  Compiling takes seconds (once per process, in
+    setup); where it cannot run (no C++ compiler, no Triton) the benchmark is skipped, saying why."""
+
+    params = [DEVICES]
+    param_names = ["device"]
+    timeout = 600
+    ROUNDS = 9
+
+    def setup(self, device):
+        import functools
+
+        self.device = resolve_device(device)
+        g = torch.Generator().manual_seed(0)
+        self.qkv = [torch.randn(1, 8, 2048, 64, generator=g).to(self.device) for _ in range(3)]
+        self.sdpa = resolve_impl("attention", "sdpa", self.device).fn
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            from impls.attention.flex import flex_call
+
+            self.flex = functools.partial(flex_call, scale=None, attention=torch.compile(flex_attention))
+            self.flex(*self.qkv, causal=True)  # compiles
+        except Exception as exc:  # any compile failure means: nothing to time here
+            raise NotImplementedError(f"torch.compile(flex_attention) does not run here: {exc}") from exc
+
+    def time_forward(self, device):
+        self.flex(*self.qkv, causal=True)
+        sync(self.device)
+
+    def track_flex_compiled_over_sdpa(self, device):
+        """Median over rounds of (compiled flex / SDPA); lower is better."""
+        import statistics
+
+        return statistics.median(best_seconds(self.flex, self.qkv, self.device) /
+                                 best_seconds(self.sdpa, self.qkv, self.device) for _ in range(self.ROUNDS))
+
+    track_flex_compiled_over_sdpa.unit = "ratio"
 
 
 class AttentionDecode:

@@ -39,9 +39,9 @@ def tier_taken(q, k, v, causal):
     taken = []
     fixed, running = fa2_optimistic.fixed_shift_block, fa2_optimistic.running_max_block
 
-    def fixed_spy(qi, kT, vv, blocks, neg_m, work):
+    def fixed_spy(qi, kT, vv, blocks, neg_m, *rest):
         taken.append(1 if neg_m is None else 2)
-        return fixed(qi, kT, vv, blocks, neg_m, work)
+        return fixed(qi, kT, vv, blocks, neg_m, *rest)
 
     def running_spy(*args):
         taken.append(3)

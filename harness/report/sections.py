@@ -91,7 +91,11 @@ def attention_time(r: Report) -> None:
     ratios = values("bench_attention.SdpaRatio.track_best_tiled_over_sdpa")
     r.table(["device", "CPU threads", "best tiled / SDPA"], [[*key, v] for key, v in sorted(ratios.items())],
             caption="asv `SdpaRatio` (B=1, H=8, N=2048, d=64, causal, float32): the three fastest tiled "
-                    "kernels and SDPA take turns for 7 rounds; the median over rounds of the best ratio.")
+                    "kernels and SDPA take turns for 15 rounds; the median over rounds of the best ratio.")
+    flex = values("bench_attention.FlexCompiled.track_flex_compiled_over_sdpa")
+    r.table(["device", "torch.compile(flex_attention) / SDPA"], [[*key, v] for key, v in sorted(flex.items())],
+            caption="asv `FlexCompiled`, same shape: the fused FlexAttention kernel that `flex` (eager, the "
+                    "unfused reference path) stands for in the property suite.")
 
 
 @section("Attention: modelled HBM traffic and the SRAM sweep")
