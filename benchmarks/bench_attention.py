@@ -1,6 +1,6 @@
-"""Attention forward: time and achieved GFLOP/s for every registered implementation.
-
-The oracle (float64 by construction) is left out of the timing grid.
+"""Attention forward: time and achieved GFLOP/s for every registered implementation vs N (128 ... 4096;
+the CPU stops at 2048), the best tiled kernel / SDPA ratio, compiled FlexAttention / SDPA, split-K decode,
+and the IO model's HBM traffic.  The oracle (float64 by construction) is left out of the timing grid.
 """
 
 import os
@@ -16,7 +16,8 @@ def setup(*params):
 
 
 IMPLS = [n for n in impl_names("attention") if n != "reference"]
-SHAPES = ["1x8x512x64", "1x8x2048x64"]  # B x H x N x d
+SHAPES = ["1x8x128x64", "1x8x512x64", "1x8x2048x64", "1x8x4096x64"]  # B x H x N x d
+CPU_MAX_LEN = 2048  # at 4096 the naive kernel holds 512 MiB score matrices and eager flex takes seconds a call
 
 
 class AttentionForward:
@@ -26,8 +27,10 @@ class AttentionForward:
 
     def setup(self, impl, device, shape, causal):
         self.device = resolve_device(device)
-        self.fn = resolve_impl("attention", impl, self.device).fn
         B, H, N, d = map(int, shape.split("x"))
+        if self.device.type == "cpu" and N > CPU_MAX_LEN:
+            raise NotImplementedError(f"N={N} is not affordable on CPU (limit {CPU_MAX_LEN})")
+        self.fn = resolve_impl("attention", impl, self.device).fn
         g = torch.Generator().manual_seed(0)
         self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g).to(self.device) for _ in range(3))
         self.causal = causal
