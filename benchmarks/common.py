@@ -4,15 +4,19 @@ Benchmark files import only this and the harness; building tensors happens in ``
 forkserver deadlocks children when torch computes at import time).
 """
 
+import os
 import statistics
 import time
 
 import torch
 
 DEVICES = ["cpu", "cuda"]  # the same grid on every machine; cuda raises NotImplementedError where absent
+ONLY_DEVICE = os.environ.get("HARNESS_BENCH_DEVICE")  # e.g. "cuda": a GPU session's run skips the cpu cases
 
 
 def resolve_device(device: str) -> torch.device:
+    if ONLY_DEVICE and device != ONLY_DEVICE:
+        raise NotImplementedError(f"this run benchmarks {ONLY_DEVICE} only (HARNESS_BENCH_DEVICE)")
     if device == "cuda" and not torch.cuda.is_available():
         raise NotImplementedError("no CUDA device on this machine")
     return torch.device(device)
