@@ -17,7 +17,7 @@ def setup(*params):
 DRAFTS = ["draft_good", "draft_bad", "bigram", "trigram", "uniform", "prompt_lookup"]
 GAMMAS = [1, 2, 3, 4, 5, 6, 7, 8]
 BOS_TOKENS = 120  # tokens generated per timed sequence (the context holds 128)
-DOCUMENTS = 16  # documents per sampler in the wall-clock ratio (they end at EOS, ~25 tokens on average)
+DOCUMENTS = 16  # documents per sampler in the wall-clock ratio (they end at EOS: 26 tokens on average)
 
 
 def _enumerable() -> list[str]:
