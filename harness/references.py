@@ -104,28 +104,36 @@ def attention_backward64(q, k, v, do, *, causal: bool = False, scale: float | No
 
 def attention_backward_plain(q, k, v, o, do, *, causal: bool = False, scale: float | None = None):
     """The plain backward (P = softmax(S), dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = dS K, dK = dS^T Q)
-    in the inputs' own dtype, in three operation orders: scores summed over d reversed / with q scaled
-    first / in two halves of d; D = rowsum(dO o O) or rowsum(P o dP); the scale applied before or after
-    the product with K/Q.  Returns a list of (dq, dk, dv): the samples that earn the gradient tolerance."""
+    in the inputs' own dtype, in three operation orders: scores, dP and D summed over d reversed / as they
+    are (q scaled first) / in two halves of d; D = rowsum(dO o O) or rowsum(P o dP); the scale applied
+    before or after the product with K/Q.  Returns a list of (dq, dk, dv): the samples that earn the gradient
+    tolerance."""
     scale = check_inputs(q, k, v, scale)
     (B, H, Nq, d), Hkv = q.shape, k.shape[1]
     h = d // 2
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d) for t in (q, o, do))  # (B, Hkv, G, Nq, d)
     kg, vg = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, Nk, d)
+    pieces = {"reversed": lambda t: [t.flip(-1)], "as is": lambda t: [t],  # how each order splits a sum over d
+              "halves": lambda t: [t[..., :h], t[..., h:]]}
     orders = [
-        (_scores(q.flip(-1), k.flip(-1), scale, causal), "dO.O", True),
-        (_scores(q * scale, k, 1.0, causal), "P.dP", False),
-        (_scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal), "dO.O", False),
+        (_scores(q.flip(-1), k.flip(-1), scale, causal), "reversed", "dO.O", True),
+        (_scores(q * scale, k, 1.0, causal), "as is", "P.dP", False),
+        (_scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal), "halves",
+         "dO.O", False),
     ]
     grads = []
-    for s, delta_from, scale_first in orders:
+    for s, split, delta_from, scale_first in orders:
         m = s.amax(dim=-1, keepdim=True)
         p = torch.exp(s - torch.where(torch.isfinite(m), m, 0))  # (B, Hkv, G, Nq, Nk)
         l = p.sum(dim=-1, keepdim=True)  # noqa: E741
         p = p / torch.where(l > 0, l, 1)
         dv = (p.transpose(-1, -2) @ dog).sum(dim=2)  # (B, Hkv, Nk, d): summed over the G query heads
-        dp = dog @ vg.transpose(-1, -2)  # (B, Hkv, G, Nq, Nk)
-        D = (dog * og).sum(-1, keepdim=True) if delta_from == "dO.O" else (p * dp).sum(-1, keepdim=True)
+        # dP and D = dO . O are sums over d in the same order as the scores: where dS = P (dP - D) cancels
+        # (one visible key: exactly), its error is that of dP - D, and three orders give three draws of it
+        d_parts = pieces[split]
+        dp = sum(a @ b.transpose(-1, -2) for a, b in zip(d_parts(dog), d_parts(vg), strict=True))  # (B,Hkv,G,Nq,Nk)
+        D = sum((a * b).sum(-1, keepdim=True) for a, b in zip(d_parts(dog), d_parts(og), strict=True)) \
+            if delta_from == "dO.O" else (p * dp).sum(-1, keepdim=True)
         ds = p * (dp - D)  # (B, Hkv, G, Nq, Nk)
         ds = ds * scale if scale_first else ds
         dq, dk = ds @ kg, (ds.transpose(-1, -2) @ qg).sum(dim=2)  # (B, Hkv, G, Nq, d), (B, Hkv, Nk, d)

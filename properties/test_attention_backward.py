@@ -7,6 +7,8 @@ autograd at the same rounded q, k, v, dO.  The laws at the end (the D identity, 
 declares returns_lse, the CPU memory meter) do not take an implementation of this technique.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -59,14 +61,35 @@ def assert_grads_earned(impl, case, grads, truth, plain):
                       what=f"{impl.name} {name} vs float64 autograd")
 
 
+def assert_matches_reference(impl, case):
+    q, k, v, o, lse, do = backward_inputs(case)
+    grads = call(impl, q, k, v, o, lse, do, causal=case.causal, scale=case.scale)
+    assert_grads_earned(impl, case, grads, *truth_and_plain(case, q, k, v, o, do))
+
+
 @applies(unavailable_reason)
 @given(data=st.data())
 def test_matches_reference(impl, data):
     """dQ, dK, dV equal float64 autograd within the earned gradient tolerance of their dtype."""
-    case = draw_case(data, impl)
-    q, k, v, o, lse, do = backward_inputs(case)
-    grads = call(impl, q, k, v, o, lse, do, causal=case.causal, scale=case.scale)
-    assert_grads_earned(impl, case, grads, *truth_and_plain(case, q, k, v, o, do))
+    assert_matches_reference(impl, draw_case(data, impl))
+
+
+# Cases Hypothesis found, kept here because draws from st.data() cannot be pinned with @example.
+FOUND = [
+    # One visible key (thorough profile, seed 20261129): dS = P (dP - D) is exactly 0, so dQ and dK are the
+    # rounding error of dP - D alone.  The plain orders computed dP and D the same way, one draw of that error
+    # 6x below the Triton kernel's own (1.5e-5); now each order sums over d in its own order.
+    AttentionCase(B=1, H=2, Hkv=1, Nq=1, Nk=1, d=126, causal=False, scale=1.0, dtype="float32", seed=0),
+]
+
+
+@applies(unavailable_reason)
+def test_matches_reference_on_found_cases(impl):
+    """The cases above, each in its own dtype where the implementation declares it (else its first one),
+    on the implementation's first available device."""
+    for case in FOUND:
+        dtype = case.dtype if case.dtype in impl.dtypes else impl.dtypes[0]
+        assert_matches_reference(impl, dataclasses.replace(case, dtype=dtype, device=available(impl.devices)[0]))
 
 
 @applies(unavailable_reason)
