@@ -232,10 +232,13 @@ class LinearCase:
 
 @st.composite
 def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
-                 multiple_of: int = 1, zero_tokens: bool = False, min_outliers: int = 0) -> LinearCase:
-    d_in = multiple_of * draw(st.integers(max(1, -(-max(2, min_outliers) // multiple_of)), max(1, 128 // multiple_of)))
+                 multiple_of: int = 1, zero_tokens: bool = False, min_outliers: int = 0,
+                 plain_columns: int = 0) -> LinearCase:
+    """At least min_outliers outlier columns (at most 3), and at least plain_columns that are not."""
+    least = max(2, min_outliers + plain_columns)
+    d_in = multiple_of * draw(st.integers(max(1, -(-least // multiple_of)), max(1, 128 // multiple_of)))
     n = draw(st.integers(1, 24))
-    outliers = draw(st.sets(st.integers(0, d_in - 1), min_size=min_outliers, max_size=min(3, d_in)))
+    outliers = draw(st.sets(st.integers(0, d_in - 1), min_size=min_outliers, max_size=min(3, d_in - plain_columns)))
     return LinearCase(
         n=n, d_in=d_in, d_out=draw(st.integers(1, 32)), bits=draw(st.integers(2, 8)),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds), outliers=tuple(sorted(outliers)),
@@ -248,7 +251,8 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
 def outlier_batch_pairs(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                         multiple_of: int = 1) -> tuple[LinearCase, LinearCase]:
     """Two batches of the same shapes whose outlier columns are different, non-empty sets."""
-    first = draw(linear_cases(dtypes=dtypes, devices=devices, multiple_of=multiple_of, min_outliers=1))
+    first = draw(linear_cases(dtypes=dtypes, devices=devices, multiple_of=multiple_of, min_outliers=1,
+                              plain_columns=1))  # a column left for the second batch's outliers
     others = [j for j in range(first.d_in) if j not in first.outliers]
     second = draw(st.sets(st.sampled_from(others), min_size=1, max_size=min(3, len(others))))
     return first, LinearCase(**{**first.__dict__, "seed": draw(seeds), "outliers": tuple(sorted(second))})
