@@ -83,6 +83,9 @@ FOUND = [
     # Scores of ~40 (seed 20261130): triton_fa2's P = 2^(S log2 e - L log2 e) is 1 only to ~1e-5, where the
     # plain softmax of one key was exactly 1; two of the plain orders now recompute P from L as kernels do.
     AttentionCase(B=2, H=1, Hkv=1, Nq=1, Nk=1, d=111, causal=False, scale=2.0, dtype="float32", seed=1),
+    # One visible key for the last row only (seed 20261129): fa2's dQ there, pure dP - D cancellation, was 16x
+    # the two plain draws of it, which shared D's rounded products.
+    AttentionCase(B=1, H=4, Hkv=1, Nq=61, Nk=1, d=111, causal=True, scale=1.0, dtype="float64", seed=0),
 ]
 
 
