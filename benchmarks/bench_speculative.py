@@ -305,3 +305,88 @@ class WallClock:
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c, verify)
 
     track_speedup_estimated_with_verify.unit = "x"
+
+
+class TimedSession:
+    """A model's session whose extend and rollback add their seconds to clock[key]; the sampler never knows."""
+
+    def __init__(self, inner, clock: dict, key: str) -> None:
+        self.inner, self.clock, self.key = inner, clock, key
+
+    def _timed(self, method, *args):
+        start = time.perf_counter()
+        try:
+            return method(*args)
+        finally:
+            self.clock[self.key] += time.perf_counter() - start
+
+    def extend(self, tokens):
+        return self._timed(self.inner.extend, tokens)
+
+    def rollback(self, length):
+        self._timed(self.inner.rollback, length)
+
+    @property
+    def length(self) -> int:
+        return self.inner.length
+
+
+class Timed:
+    """An LM whose sessions are `TimedSession`s on one clock."""
+
+    def __init__(self, lm, clock: dict, key: str) -> None:
+        self.lm, self.vocab_size, self.clock, self.key = lm, lm.vocab_size, clock, key
+
+    def __call__(self, prefixes, n=1):
+        return self.lm(prefixes, n)
+
+    def session(self) -> TimedSession:
+        from harness.lm import session
+
+        return TimedSession(session(self.lm), self.clock, self.key)
+
+
+class TimePerToken:
+    """Where the time of KV-cached sampling goes, in microseconds per generated token: inside the target's
+    session (its steps and rollbacks), inside draft_good's, and in the sampler itself (draws, distribution
+    checks, acceptance tests, bookkeeping).  gamma 0 is plain sampling.  The three parts add up to the
+    wall-clock time per token, so the speedup's ceiling can be read off: with the sampler's share at zero
+    and the draft free, speculative time per token is the target's part alone."""
+
+    params = [[0, *GAMMAS], ["target", "draft", "sampler"]]
+    param_names = ["gamma", "part"]
+    timeout = 300
+
+    def setup(self, gamma, part):
+        import torch
+
+        from harness.lm import TorchRng
+
+        torch.set_num_threads(1)  # as in WallClock
+        zoo, target = _models()
+        self.clock = {"target": 0.0, "draft": 0.0}
+        self.target = Timed(target, self.clock, "target")
+        self.draft = Timed(_draft("draft_good"), self.clock, "draft")
+        self.bos, self.eos, self.rng = zoo.tokenizer().bos, zoo.tokenizer().eos, TorchRng
+
+    def _sample(self, gamma, rng) -> list[int]:
+        from impls.speculative.cached import cached
+
+        if gamma == 0:
+            return plain_cached(self.target, [self.bos], BOS_TOKENS, rng, self.eos)
+        return cached(self.target, self.draft, [self.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=rng,
+                      eos=self.eos).tokens
+
+    def track_microseconds_per_token(self, gamma, part):
+        """The documents of WallClock (seeds 0..DOCUMENTS-1) after one untimed warm-up document."""
+        self._sample(gamma, self.rng(DOCUMENTS))
+        self.clock.update(target=0.0, draft=0.0)
+        seconds, tokens = 0.0, 0
+        for seed in range(DOCUMENTS):
+            start = time.perf_counter()
+            tokens += len(self._sample(gamma, self.rng(seed)))
+            seconds += time.perf_counter() - start
+        inside = self.clock[part] if part in self.clock else seconds - sum(self.clock.values())
+        return inside / tokens * 1e6
+
+    track_microseconds_per_token.unit = "us"

@@ -276,3 +276,20 @@ def speculative(r: Report) -> None:
                                  "right: wall-clock speedup on this CPU (dots) vs (1-a^(g+1))/((1-a)(1+g c)) "
                                  "(dashed) and vs (1-a^(g+1))/((1-a)(v+g c)) with v the measured cost of the "
                                  "(g+1)-position verify call in one-token steps (dotted).")
+    _time_per_token(r, values("bench_speculative.TimePerToken.track_microseconds_per_token"))
+
+
+def _time_per_token(r: Report, us: dict[tuple, float]) -> None:
+    """Table of asv TimePerToken: (gamma, part) -> microseconds per token, gamma 0 being plain sampling."""
+    parts = ("target", "draft", "sampler")
+    gammas = sorted({g for g, _ in us if all((g, p) in us for p in parts)})
+    if 0 not in gammas:
+        raise NotImplementedError("TimePerToken has no complete plain-sampling row yet")
+    plain = sum(us[0, p] for p in parts)
+    rows = [["plain" if g == 0 else g, *(us[g, p] for p in parts), sum(us[g, p] for p in parts),
+             plain / sum(us[g, p] for p in parts), plain / us[g, "target"]] for g in gammas]
+    r.table(["gamma", "target us/token", "draft us/token", "sampler us/token", "total", "speedup",
+             "speedup if draft and sampler were free"], rows,
+            caption="asv `TimePerToken`, draft_good: where a generated token's time goes (the target's and the "
+                    "draft's sessions, and the sampler's own work), one run.  The last column is the ceiling "
+                    "the target's part alone allows: plain time per token / the target's time per token.")
