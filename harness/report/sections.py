@@ -287,9 +287,10 @@ def _time_per_token(r: Report, us: dict[tuple, float]) -> None:
         raise NotImplementedError("TimePerToken has no complete plain-sampling row yet")
     plain = sum(us[0, p] for p in parts)
     rows = [["plain" if g == 0 else g, *(us[g, p] for p in parts), sum(us[g, p] for p in parts),
-             plain / sum(us[g, p] for p in parts), plain / us[g, "target"]] for g in gammas]
+             plain / sum(us[g, p] for p in parts), "" if g == 0 else plain / us[g, "target"]] for g in gammas]
     r.table(["gamma", "target us/token", "draft us/token", "sampler us/token", "total", "speedup",
              "speedup if draft and sampler were free"], rows,
             caption="asv `TimePerToken`, draft_good: where a generated token's time goes (the target's and the "
-                    "draft's sessions, and the sampler's own work), one run.  The last column is the ceiling "
-                    "the target's part alone allows: plain time per token / the target's time per token.")
+                    "draft's sessions, and the sampler's own work).  Each gamma is a separate asv case, so its "
+                    "speedup is noisier than WallClock's, whose two samplers take turns.  The last column is the "
+                    "ceiling the target's part allows: plain time per token / the target's time per token.")
