@@ -119,7 +119,8 @@ def attention_backward_plain(q, k, v, o, lse, do, *, causal: bool = False, scale
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d) for t in (q, o, do))  # (B, Hkv, G, Nq, d)
     kg, vg = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, Nk, d)
     L = lse.reshape(B, Hkv, H // Hkv, Nq, 1)  # (B, Hkv, G, Nq, 1) as delivered: -inf on rows that see no key
-    hidden = ~causal_allowed(Nq, Nk, device=q.device) if causal else torch.zeros(Nq, Nk, dtype=torch.bool)
+    hidden = ~causal_allowed(Nq, Nk, device=q.device) if causal else torch.zeros(Nq, Nk, dtype=torch.bool,
+                                                                                  device=q.device)
     perm = torch.randperm(d, generator=torch.Generator().manual_seed(d)).to(q.device)  # a fixed shuffle of d
     cuts = {"reversed": lambda t: [t.flip(-1)], "as is": lambda t: [t], "halves": lambda t: [t[..., :h], t[..., h:]],
             "shuffled": lambda t: [t[..., perm]], "shuffled halves": lambda t: [t[..., perm[:h]], t[..., perm[h:]]]}

@@ -74,17 +74,17 @@ def test_matches_reference(impl, data):
     assert_matches_reference(impl, draw_case(data, impl))
 
 
-# Cases Hypothesis found, kept here because draws from st.data() cannot be pinned with @example.
+# Cases Hypothesis found (thorough profile), kept here because draws from st.data() cannot be pinned with
+# @example.  Each broke a bound resting on too few or too tame plain samples (see attention_backward_plain).
 FOUND = [
-    # One visible key (thorough profile, seed 20261129): dS = P (dP - D) is exactly 0, so dQ and dK are the
-    # rounding error of dP - D alone.  The plain orders computed dP and D the same way, one draw of that error
-    # 6x below the Triton kernel's own (1.5e-5); now each order sums over d in its own order.
+    # One visible key (seed 20261129): dS = P (dP - D) is exactly 0, so dQ and dK are the rounding error of
+    # dP - D alone; two plain orders computed it identically, one draw 6x below triton_fa2's (1.5e-5).
     AttentionCase(B=1, H=2, Hkv=1, Nq=1, Nk=1, d=126, causal=False, scale=1.0, dtype="float32", seed=0),
-    # Scores of ~40 (seed 20261130): triton_fa2's P = 2^(S log2 e - L log2 e) is 1 only to ~1e-5, where the
-    # plain softmax of one key was exactly 1; two of the plain orders now recompute P from L as kernels do.
+    # Scores of ~40 (seed 20261130): triton_fa2's P = 2^(S log2 e - L log2 e) is 1 only to ~1e-5, while the
+    # renormalized plain softmax of one key was exactly 1.
     AttentionCase(B=2, H=1, Hkv=1, Nq=1, Nk=1, d=111, causal=False, scale=2.0, dtype="float32", seed=1),
     # One visible key for the last row only (seed 20261129): fa2's dQ there, pure dP - D cancellation, was 16x
-    # the two plain draws of it, which shared D's rounded products.
+    # the plain draws of it, which shared D's rounded products.
     AttentionCase(B=1, H=4, Hkv=1, Nq=61, Nk=1, d=111, causal=True, scale=1.0, dtype="float64", seed=0),
 ]
 

@@ -216,7 +216,8 @@ def test_outlier_injection_preserves_the_function(seed, channel, factor):
     ffn_in = next(i for i, (parent, name) in enumerate(block_linears(injected))
                   if parent is injected.blocks[1].mlp and name == "0")
     grown = input_absmax(injected, docs)[ffn_in][channel] / input_absmax(model, docs)[ffn_in][channel]
-    assert abs(grown.item() - factor) <= FLOAT64_IDENTITY * factor, f"the channel grew by {grown.item():.6g}, not {factor:g}"
+    assert abs(grown.item() - factor) <= FLOAT64_IDENTITY * factor, \
+        f"the channel grew by {grown.item():.6g}, not {factor:g}"
 
 
 def test_outlier_injection_keeps_the_target_nll():
