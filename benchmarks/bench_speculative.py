@@ -210,6 +210,35 @@ def plain_cached(target, prompt, n: int, rng, eos=None) -> list[int]:
     return out
 
 
+def document(target, draft, gamma: int, rng, bos: int, eos: int) -> list[int]:
+    """One document from BOS to EOS (at most BOS_TOKENS tokens), KV-cached: plain sampling when gamma is 0,
+    speculative sampling with the draft otherwise."""
+    from impls.speculative.cached import cached
+
+    if gamma == 0:
+        return plain_cached(target, [bos], BOS_TOKENS, rng, eos)
+    return cached(target, draft, [bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=rng, eos=eos).tokens
+
+
+def warm_up(samplers, rng) -> None:
+    """One untimed document each (seed DOCUMENTS): first calls of ops cost extra."""
+    for sample in samplers:
+        sample(rng(DOCUMENTS))
+
+
+def time_documents(samplers, rng) -> tuple[list[float], list[int]]:
+    """Seconds and tokens of each sampler(rng) over the documents of seeds 0..DOCUMENTS-1, the samplers
+    taking turns document by document with the same seeds, so that load on a shared machine falls on all
+    alike."""
+    seconds, tokens = [0.0] * len(samplers), [0] * len(samplers)
+    for seed in range(DOCUMENTS):
+        for i, sample in enumerate(samplers):
+            start = time.perf_counter()
+            tokens[i] += len(sample(rng(seed)))
+            seconds[i] += time.perf_counter() - start
+    return seconds, tokens
+
+
 class WallClock:
     """Speedup (time per token) of KV-cached speculative over KV-cached plain sampling of documents, and
     the estimate (1 - a^(g+1)) / ((1 - a)(1 + g c)) with c = draft step time / target step time."""
@@ -231,29 +260,14 @@ class WallClock:
         self.bos, self.eos = self.zoo.tokenizer().bos, self.zoo.tokenizer().eos
         self.rng = TorchRng
 
-    def _speculative(self, gamma, rng):
-        from impls.speculative.cached import cached
-
-        return cached(self.target, self.draft, [self.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=rng,
-                      eos=self.eos).tokens
-
     def time_speculative(self, draft, gamma, device):
-        self._speculative(gamma, self.rng(0))
+        document(self.target, self.draft, gamma, self.rng(0), self.bos, self.eos)
 
     def track_speedup_measured(self, draft, gamma, device):
-        """Plain time per token / speculative time per token over DOCUMENTS documents from BOS to EOS, the
-        two samplers alternating document by document with the same seeds, so that load on a shared machine
-        falls on both alike.  One untimed document each first: first calls of ops cost extra."""
-        samplers = (lambda rng: plain_cached(self.target, [self.bos], BOS_TOKENS, rng, self.eos),
-                    lambda rng: self._speculative(gamma, rng))
-        for sample in samplers:
-            sample(self.rng(DOCUMENTS))
-        seconds, tokens = [0.0, 0.0], [0, 0]
-        for seed in range(DOCUMENTS):
-            for i, sample in enumerate(samplers):
-                start = time.perf_counter()
-                tokens[i] += len(sample(self.rng(seed)))
-                seconds[i] += time.perf_counter() - start
+        """Plain time per token / speculative time per token over the documents of `time_documents`."""
+        samplers = [lambda rng, g=g: document(self.target, self.draft, g, rng, self.bos, self.eos) for g in (0, gamma)]
+        warm_up(samplers, self.rng)
+        seconds, tokens = time_documents(samplers, self.rng)
         return (seconds[0] / tokens[0]) / (seconds[1] / tokens[1])
 
     track_speedup_measured.unit = "x"
@@ -369,23 +383,12 @@ class TimePerToken:
         self.draft = Timed(_draft("draft_good"), self.clock, "draft")
         self.bos, self.eos, self.rng = zoo.tokenizer().bos, zoo.tokenizer().eos, TorchRng
 
-    def _sample(self, gamma, rng) -> list[int]:
-        from impls.speculative.cached import cached
-
-        if gamma == 0:
-            return plain_cached(self.target, [self.bos], BOS_TOKENS, rng, self.eos)
-        return cached(self.target, self.draft, [self.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=rng,
-                      eos=self.eos).tokens
-
     def track_microseconds_per_token(self, gamma, part):
-        """The documents of WallClock (seeds 0..DOCUMENTS-1) after one untimed warm-up document."""
-        self._sample(gamma, self.rng(DOCUMENTS))
+        """Over the documents of `time_documents`, after the warm-up."""
+        samplers = [lambda rng: document(self.target, self.draft, gamma, rng, self.bos, self.eos)]
+        warm_up(samplers, self.rng)
         self.clock.update(target=0.0, draft=0.0)
-        seconds, tokens = 0.0, 0
-        for seed in range(DOCUMENTS):
-            start = time.perf_counter()
-            tokens += len(self._sample(gamma, self.rng(seed)))
-            seconds += time.perf_counter() - start
+        (seconds,), (tokens,) = time_documents(samplers, self.rng)
         inside = self.clock[part] if part in self.clock else seconds - sum(self.clock.values())
         return inside / tokens * 1e6
 

@@ -126,27 +126,28 @@ def attention_backward_plain(q, k, v, o, lse, do, *, causal: bool = False, scale
             "shuffled": lambda t: [t[..., perm]], "shuffled halves": lambda t: [t[..., perm[:h]], t[..., perm[h:]]]}
     orders = [("reversed", "rowsum"), ("as is", "GEMM"), ("halves", "rowsum"), ("shuffled", "GEMM"),
               ("shuffled halves", "rowsum"), ("as is", "P.dP")]
+
+    def pieces(cut, a, b):  # the matching pieces of d of two tensors
+        return zip(cuts[cut](a), cuts[cut](b), strict=True)
+
+    def dot(cut, a, b):  # (.., M, d), (.., N, d) -> (.., M, N), summed over d piece by piece
+        return sum(x @ y.transpose(-1, -2) for x, y in pieces(cut, a, b))
+
     grads = []
     for n, (cut, delta) in enumerate(orders):
-        def pieces(a, b, cut=cuts[cut]):  # matching pieces of d of two tensors
-            return zip(cut(a), cut(b), strict=True)
-
-        def dot(a, b):  # (.., M, d), (.., N, d) -> (.., M, N), summed over d piece by piece
-            return sum(x @ y.transpose(-1, -2) for x, y in pieces(a, b))
-
         if delta == "P.dP":
             p = torch.softmax(_scores(q * scale, k, 1.0, causal), dim=-1).nan_to_num(0.0)  # (B, Hkv, G, Nq, Nk)
         else:  # FlashAttention: P recomputed from L; exp(-inf) = 0 on hidden keys and rows that see none
-            s = (dot(qg, kg) * scale).masked_fill(hidden, float("-inf"))  # (B, Hkv, G, Nq, Nk)
+            s = (dot(cut, qg, kg) * scale).masked_fill(hidden, float("-inf"))  # (B, Hkv, G, Nq, Nk)
             p = torch.exp(s - torch.where(torch.isfinite(L), L, 0)).to(q.dtype)
         dv = (p.transpose(-1, -2) @ dog).sum(dim=2)  # (B, Hkv, Nk, d): summed over the G query heads
-        dp = dot(dog, vg)  # (B, Hkv, G, Nq, Nk)
+        dp = dot(cut, dog, vg)  # (B, Hkv, G, Nq, Nk)
         if delta == "P.dP":
             D = (p * dp).sum(-1, keepdim=True)  # (B, Hkv, G, Nq, 1)
         elif delta == "GEMM":
-            D = sum(x[..., None, :] @ y[..., :, None] for x, y in pieces(dog, og))[..., 0]  # products fused
+            D = sum(x[..., None, :] @ y[..., :, None] for x, y in pieces(cut, dog, og))[..., 0]  # products fused
         else:
-            D = sum((x * y).sum(-1, keepdim=True) for x, y in pieces(dog, og))  # products rounded, then summed
+            D = sum((x * y).sum(-1, keepdim=True) for x, y in pieces(cut, dog, og))  # products rounded, then summed
         ds = p * (dp - D)  # (B, Hkv, G, Nq, Nk)
         scale_first = n % 2 == 0
         ds = ds * scale if scale_first else ds
