@@ -1,13 +1,25 @@
 """Attention forward: time and achieved GFLOP/s for every registered implementation vs N (128 ... 4096;
-the CPU stops at 2048), the best tiled kernel / SDPA ratio, compiled FlexAttention / SDPA, split-K decode,
-and the IO model's HBM traffic.  The oracle (float64 by construction) is left out of the timing grid.
+the CPU stops at 2048), the best tiled kernel / SDPA ratio, compiled FlexAttention / SDPA, the Triton
+kernel's TFLOP/s against SDPA's on CUDA, split-K decode, and the IO model's HBM traffic.  The oracle
+(float64 by construction) is left out of the timing grid.
 """
 
 import os
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.common import (
+    DEVICES,
+    KERNEL_HEAD_DIMS,
+    KERNEL_LENGTHS,
+    cuda_seconds,
+    impl_names,
+    paper_shape,
+    require,
+    resolve_device,
+    resolve_impl,
+    sync,
+)
 
 
 def setup(*params):
@@ -155,6 +167,30 @@ class FlexCompiled:
                                  best_seconds(self.sdpa, self.qkv, self.device) for _ in range(self.ROUNDS))
 
     track_flex_compiled_over_sdpa.unit = "ratio"
+
+
+class KernelTflops:
+    """Forward TFLOP/s of the fused GPU kernels -- the Triton FlashAttention-2 kernel against SDPA -- in
+    bfloat16 at the FlashAttention-2 paper's shapes.  CUDA only: on a CPU every case is n/a."""
+
+    params = [["triton_fa2", "sdpa"], ["cuda"], KERNEL_LENGTHS, KERNEL_HEAD_DIMS, [False, True]]
+    param_names = ["impl", "device", "N", "d", "causal"]
+    timeout = 120
+
+    def setup(self, impl, device, N, d, causal):
+        self.device = resolve_device(device)
+        self.fn = resolve_impl("attention", impl, self.device, "bfloat16").fn
+        B, H, N, d = paper_shape(N, d)
+        g = torch.Generator(self.device).manual_seed(0)
+        self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g, device=self.device, dtype=torch.bfloat16)
+                                  for _ in range(3))
+        self.causal = causal
+        self.flops = 4 * B * H * N * N * d * (0.5 if causal else 1.0)
+
+    def track_tflops(self, impl, device, N, d, causal):
+        return self.flops / cuda_seconds(lambda: self.fn(self.q, self.k, self.v, causal=self.causal)) / 1e12
+
+    track_tflops.unit = "TFLOP/s"
 
 
 class AttentionDecode:

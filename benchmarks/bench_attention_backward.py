@@ -5,11 +5,23 @@ so time differences between implementations are differences of their backwards. 
 CUDA the allocator's max_memory_allocated over the call; on CPU (no allocator statistics) the peak
 of live tensor bytes allocated by the call's aten ops (harness.memory.TensorMemory), which counts
 every materialized (Nq, Nk) matrix.  B=1, H=8, d=64, fp32, not causal; the oracle is left out.
+On CUDA, KernelTflops sets the Triton backward against SDPA's at the forward's KernelTflops shapes.
 """
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.common import (
+    DEVICES,
+    KERNEL_HEAD_DIMS,
+    KERNEL_LENGTHS,
+    cuda_seconds,
+    impl_names,
+    paper_shape,
+    require,
+    resolve_device,
+    resolve_impl,
+    sync,
+)
 
 
 def setup(*params):
@@ -60,3 +72,35 @@ class AttentionBackward:
         return mem.peak
 
     track_backward_peak_memory.unit = "bytes"
+
+
+class KernelTflops:
+    """Backward TFLOP/s in bfloat16 at the FlashAttention-2 paper's shapes, counting 2.5x the forward's FLOPs
+    (five matmuls to its two; Dao 2023, Sec. 4.1): triton_fa2's recomputing backward, given (o, L) from the
+    Triton forward, against SDPA's backward (autograd through the registered sdpa).  CUDA only."""
+
+    params = [["triton_fa2", "sdpa"], ["cuda"], KERNEL_LENGTHS, KERNEL_HEAD_DIMS, [False, True]]
+    param_names = ["impl", "device", "N", "d", "causal"]
+    timeout = 120
+
+    def setup(self, impl, device, N, d, causal):
+        self.device = resolve_device(device)
+        B, H, N, d = paper_shape(N, d)
+        g = torch.Generator(self.device).manual_seed(0)
+        q, k, v, do = (torch.randn(B, H, N, d, generator=g, device=self.device, dtype=torch.bfloat16)
+                       for _ in range(4))
+        self.flops = 2.5 * 4 * B * H * N * N * d * (0.5 if causal else 1.0)
+        if impl == "sdpa":
+            qkv = [t.requires_grad_() for t in (q, k, v)]
+            o = resolve_impl("attention", "sdpa", self.device, "bfloat16").fn(*qkv, causal=causal)
+            self.call = lambda: torch.autograd.grad(o, qkv, do, retain_graph=True)
+        else:
+            backward = resolve_impl("attention_backward", impl, self.device, "bfloat16").fn
+            forward = resolve_impl("attention", impl, self.device, "bfloat16").fn
+            o, lse = forward(q, k, v, causal=causal, return_lse=True)
+            self.call = lambda: backward(q, k, v, o, lse, do, causal=causal)
+
+    def track_tflops(self, impl, device, N, d, causal):
+        return self.flops / cuda_seconds(self.call) / 1e12
+
+    track_tflops.unit = "TFLOP/s"

@@ -4,19 +4,22 @@ Benchmark files import only this and the harness; building tensors happens in ``
 forkserver deadlocks children when torch computes at import time).
 """
 
-import os
 import statistics
 import time
 
 import torch
 
 DEVICES = ["cpu", "cuda"]  # the same grid on every machine; cuda raises NotImplementedError where absent
-ONLY_DEVICE = os.environ.get("HARNESS_BENCH_DEVICE")  # e.g. "cuda": a GPU session's run skips the cpu cases
+# The FlashAttention-2 paper's kernel benchmark (Dao 2023, Sec. 4.1): batch x N = 16k tokens, H x d = 2048.
+KERNEL_LENGTHS = [1024, 4096, 16384]
+KERNEL_HEAD_DIMS = [64, 128]
+
+
+def paper_shape(N: int, d: int) -> tuple[int, int, int, int]:
+    return 16384 // N, 2048 // d, N, d  # (B, H, N, d)
 
 
 def resolve_device(device: str) -> torch.device:
-    if ONLY_DEVICE and device != ONLY_DEVICE:
-        raise NotImplementedError(f"this run benchmarks {ONLY_DEVICE} only (HARNESS_BENCH_DEVICE)")
     if device == "cuda" and not torch.cuda.is_available():
         raise NotImplementedError("no CUDA device on this machine")
     return torch.device(device)
@@ -62,6 +65,22 @@ def require(*modules: str) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise NotImplementedError(f"{name} is not available at this commit ({exc})") from None
+
+
+def cuda_seconds(fn, calls: int = 10) -> float:
+    """Median GPU seconds of fn() over ``calls`` calls, each between two CUDA events, after one warm-up call
+    (which also compiles a Triton kernel on first use)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
 
 
 def median_seconds(fn, repeat: int = 3) -> float:
