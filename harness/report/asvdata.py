@@ -1,7 +1,7 @@
 """Read benchmark values from asv's results (results/<machine>/<commit>-<env>.json).
 
 The report draws measured curves from the same benchmarks the dashboard shows, so every number
-has one source.  The newest result file (by run date) that holds a benchmark is used.
+has one source.  Of each machine, the newest result file (by run date) that holds a benchmark is used.
 """
 
 from __future__ import annotations
@@ -30,10 +30,14 @@ def _files() -> list[dict]:
 
 
 def values(benchmark: str) -> dict[tuple, float]:
-    """{(param values...): value} of the newest run of ``benchmark``; NaN/None (skipped) left out."""
-    for data in _files():
-        entry = data["results"].get(benchmark)
-        if entry is None:
+    """{(param values...): value} of ``benchmark`` from the newest run of it on each machine, merged: a CPU
+    machine's cpu cases and a GPU machine's cuda cases side by side (where two machines measured the same
+    case, the newer run wins).  NaN/None (skipped) are left out."""
+    merged: dict[tuple, float] = {}
+    machines = set()
+    for data in _files():  # newest first
+        entry, machine = data["results"].get(benchmark), data.get("params", {}).get("machine")
+        if entry is None or machine in machines:
             continue
         columns = data["result_columns"]
         result, params = entry[columns.index("result")], entry[columns.index("params")]
@@ -43,7 +47,10 @@ def values(benchmark: str) -> dict[tuple, float]:
         out = {combo: v for combo, v in zip(combos, result, strict=False)
                if v is not None and not (isinstance(v, float) and math.isnan(v))}
         if out:
-            return out
+            machines.add(machine)
+            merged = out | merged
+    if merged:
+        return merged
     raise NotImplementedError(f"no asv result for {benchmark} yet: run `python -m harness run` or `tox -e bench`")
 
 

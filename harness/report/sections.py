@@ -98,6 +98,23 @@ def attention_time(r: Report) -> None:
                     "unfused reference path) stands for in the property suite.")
 
 
+@section("Attention on the GPU: the Triton kernels against SDPA")
+def attention_gpu(r: Report) -> None:
+    from harness.report.asvdata import values
+
+    for way in ("forward", "backward"):
+        bench = "bench_attention" if way == "forward" else "bench_attention_backward"
+        tflops = values(f"{bench}.KernelTflops.track_tflops")
+        pairs = {case: (tflops["triton_fa2", *case], tflops["sdpa", *case])
+                 for case in sorted({key[1:] for key in tflops})
+                 if ("triton_fa2", *case) in tflops and ("sdpa", *case) in tflops}  # case: (device, N, d, causal)
+        r.table(["N", "d", "causal", "Triton TFLOP/s", "SDPA TFLOP/s", "Triton / SDPA"],
+                [[N, d, causal, triton, sdpa, triton / sdpa] for (_, N, d, causal), (triton, sdpa) in pairs.items()],
+                caption=f"asv `{bench}.KernelTflops`: {way} TFLOP/s in bfloat16 at the FlashAttention-2 paper's "
+                        "shapes (batch x N = 16k tokens, H x d = 2048; the backward counted as 2.5 forwards), "
+                        "median of 10 calls timed with CUDA events, one run on the GPU machine in results/.")
+
+
 @section("Attention: modelled HBM traffic and the SRAM sweep")
 def attention_io(r: Report) -> None:
     import matplotlib.pyplot as plt
