@@ -58,6 +58,12 @@ def guarded_call(
     return box["out"]
 
 
+def call_limit(impl: Any) -> float:
+    """An implementation's per-call limit: the ``call_limit_s`` it declares (a JIT kernel compiles on the
+    first call of each specialization, seconds when many processes compile at once) or the default."""
+    return impl.cap("call_limit_s", DEFAULT_TIMEOUT_S)
+
+
 def hang_message(fn: Callable[..., Any]) -> str | None:
     """The recorded hang of ``fn``, if it ever exceeded the per-call limit."""
     return _hung.get(id(fn))

@@ -44,6 +44,8 @@ def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float 
     scaling.  Softmax turns it into do_i = sum_j p_ij ds_ij (v_j - o_i); the factor e^(2 max|ds|)
     covers the second-order terms.  At logits of 1e3-1e4 this term, not the arithmetic after it,
     dominates every correct kernel's error, and it differs from draw to draw of the operation order.
+    Any weights give a convex combination of the visible v_j, so max_j |v_j - o_i| caps the bound
+    where e^(2 max|ds|) overflows (low precision at huge logits), and one visible key gives 0.
     """
     scale = check_inputs(q, k, v, scale)
     u = torch.finfo(q.dtype).eps / 2
@@ -56,8 +58,12 @@ def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float 
     o = p @ v64[:, :, None]  # (B, Hkv, G, Nq, d)
     spread = (v64[:, :, None, None] - o[..., None, :]).abs()  # (B, Hkv, G, Nq, Nk, d): |v_j - o_i|
     first_order = ((p * ds)[..., None] * spread).sum(dim=-2)  # (B, Hkv, G, Nq, d)
-    worst = ds.masked_fill(p == 0, 0).max().item() if ds.numel() else 0.0
-    return first_order.max().item() * float(torch.exp(torch.tensor(2 * worst))) if first_order.numel() else 0.0
+    if not first_order.numel():
+        return 0.0
+    worst = ds.masked_fill(p == 0, 0).max().item()
+    growth = torch.tensor(2 * worst, dtype=torch.float64).exp()  # inf past e^709
+    hull = spread.masked_fill(~torch.isfinite(s)[..., None], 0).amax(dim=-2)  # (B, Hkv, G, Nq, d)
+    return torch.where(first_order > 0, first_order * growth, 0).minimum(hull).max().item()
 
 
 def _softmax_v(s: torch.Tensor, v: torch.Tensor, normalize_first: bool) -> torch.Tensor:

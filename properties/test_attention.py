@@ -11,7 +11,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harness.contracts.attention import call
+from harness.contracts.attention import call, causal_allowed
 from harness.devices import available, unavailable_reason
 from harness.guard import ContractViolation, guarded_call
 from harness.references import attention64, attention_plain, attention_score_conditioning
@@ -65,9 +65,10 @@ def test_large_logits_stay_finite_and_correct(impl, data):
 def test_seed_example_1000_999_998_10(impl):
     """The seeds' example: one query whose scores are [1000, 999, 998, 10]; naive exp overflows."""
     dtype = dtype_of("float32" if "float32" in impl.dtypes else impl.dtypes[0])
-    q = torch.ones(1, 1, 1, 1, dtype=dtype)
-    k = torch.tensor([1000.0, 999.0, 998.0, 10.0], dtype=dtype).reshape(1, 1, 4, 1)  # (B, Hkv, Nk, d)
-    v = torch.arange(4, dtype=dtype).reshape(1, 1, 4, 1)
+    device = available(impl.devices)[0]
+    q = torch.ones(1, 1, 1, 1, dtype=dtype, device=device)
+    k = torch.tensor([1000.0, 999.0, 998.0, 10.0], dtype=dtype, device=device).reshape(1, 1, 4, 1)  # (B, Hkv, Nk, d)
+    v = torch.arange(4, dtype=dtype, device=device).reshape(1, 1, 4, 1)
     out = call(impl, q, k, v, causal=False, scale=1.0)
     # Logits of 1e3, like test_large_logits: a kernel that rescales its scores (base-2 exponentials,
     # as FlashAttention-2's kernels use) rounds them once more than plain softmax does here, where
@@ -105,7 +106,7 @@ def test_rows_are_convex_combinations_of_values(impl, data):
     vv = v.double().repeat_interleave(G, dim=1)[:, :, None]  # (B, H, 1, Nk, d)
     seen = torch.ones(case.Nq, case.Nk, dtype=torch.bool, device=q.device)
     if case.causal:
-        seen = torch.arange(case.Nk)[None, :] <= torch.arange(case.Nq)[:, None] + case.Nk - case.Nq
+        seen = causal_allowed(case.Nq, case.Nk, device=q.device)
     seen = seen[None, None, :, :, None]  # (1, 1, Nq, Nk, 1)
     lo = torch.where(seen, vv, float("inf")).amin(dim=3)  # (B, H, Nq, d)
     hi = torch.where(seen, vv, float("-inf")).amax(dim=3)

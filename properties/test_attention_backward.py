@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from harness.contracts.attention_backward import call
 from harness.devices import available, unavailable_reason
-from harness.guard import ContractViolation, guarded_call
+from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.memory import TensorMemory
 from harness.references import (
     attention64,
@@ -131,7 +131,8 @@ def test_fully_masked_rows_give_zero_gradients(impl, data):
 @needs_cap("tiled", "only tiled kernels promise never to store an (Nq, Nk) matrix")
 def test_never_materializes_the_score_matrix(impl):
     """The largest tensor a tiled backward allocates is smaller than one head's (Nq, Nk) score matrix."""
-    case = AttentionCase(B=1, H=2, Hkv=1, Nq=128, Nk=128, d=8, causal=False, scale=None, dtype="float32", seed=0)
+    case = AttentionCase(B=1, H=2, Hkv=1, Nq=128, Nk=128, d=8, causal=False, scale=None, dtype="float32", seed=0,
+                         device=available(impl.devices)[0])
     q, k, v, o, lse, do = backward_inputs(case)
     with TensorMemory():  # the first dispatch mode imports torch's tracing machinery: not the impl's time
         torch.zeros(1)
@@ -141,7 +142,8 @@ def test_never_materializes_the_score_matrix(impl):
         with mem:
             return impl.fn(*args, **kwargs)
 
-    guarded_call(measured, q, k, v, o, lse, do, causal=False, scale=None, arg_names=("q", "k", "v", "o", "lse", "do"))
+    guarded_call(measured, q, k, v, o, lse, do, causal=False, scale=None, arg_names=("q", "k", "v", "o", "lse", "do"),
+                 timeout_s=call_limit(impl))
     one_matrix = case.Nq * case.Nk * q.element_size()
     assert mem.largest < one_matrix, f"{impl.name} allocated {mem.largest} bytes at once, >= one (Nq, Nk) matrix"
 
@@ -200,7 +202,7 @@ def test_forward_lse_is_logsumexp_of_scaled_scores(fwd, data):
     case = data.draw(attention_cases(dtypes=fwd.dtypes, devices=available(fwd.devices), max_len=max_len), label="case")
     q, k, v = case.tensors()
     o, lse = guarded_call(fwd.fn, q, k, v, causal=case.causal, scale=case.scale, return_lse=True,
-                          arg_names=("q", "k", "v"))
+                          arg_names=("q", "k", "v"), timeout_s=call_limit(fwd))
     truth_o, truth = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
     assert lse.shape == q.shape[:-1] and lse.dtype in (torch.float32, torch.float64), f"{fwd.name}: L {lse.shape}"
     blind = truth.isinf()

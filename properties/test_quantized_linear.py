@@ -83,7 +83,7 @@ def test_outlier_columns_exact(impl, data, seed):
     cols = list(case.outliers)
     x2 = x.clone()
     x2[:, cols] = x[:, cols] * (1 + torch.rand(len(cols), generator=torch.Generator().manual_seed(seed),
-                                               dtype=torch.float64))  # still above the threshold
+                                               dtype=torch.float64).to(x.device))  # still above the threshold
     y1, y2 = (call(impl, t, w, bits=case.bits, calib=calib) for t in (x, x2))
     expected = (x2 - x)[:, cols] @ w[:, cols].T  # (n, out)
     err = ((y2 - y1) - expected).abs().max().item()

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.devices import available, unavailable_reason
-from harness.guard import guarded_call
+from harness.guard import call_limit, guarded_call
 from harness.references import attention_lse64, attention_lse_plain, attention_plain, attention_score_conditioning
 from harness.runner import applies, needs_cap
 from harness.strategies import attention_cases
@@ -30,7 +30,7 @@ def test_triton_output_and_lse_match_reference(impl, data):
                                      max_len=impl.cap("max_len", 300)), label="case")
     q, k, v = case.tensors()
     o, lse = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, return_lse=True,
-                          arg_names=("q", "k", "v"))
+                          arg_names=("q", "k", "v"), timeout_s=call_limit(impl))
     truth_o, truth_lse = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
     assert_earned(o, truth_o, attention_plain(q, k, v, causal=case.causal, scale=case.scale),
                   dtype_of(case.dtype), what=f"{impl.name} o vs float64 reference")
@@ -49,7 +49,8 @@ def test_triton_large_logits(impl, data):
     case = data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices),
                                      max_len=impl.cap("max_len", 130), magnitude=st.floats(1e3, 1e4)), label="case")
     q, k, v = case.tensors()
-    o = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, arg_names=("q", "k", "v"))
+    o = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, arg_names=("q", "k", "v"),
+                     timeout_s=call_limit(impl))
     truth_o, _ = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
     conditioning = attention_score_conditioning(q, k, v, causal=case.causal, scale=case.scale)
     assert_earned(o, truth_o, attention_plain(q, k, v, causal=case.causal, scale=case.scale), dtype_of(case.dtype),

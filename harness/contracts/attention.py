@@ -17,7 +17,7 @@ import math
 import torch
 
 from harness.contracts import Technique, define
-from harness.guard import check_tensor, guarded_call
+from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
 ATTENTION = define(
@@ -67,5 +67,6 @@ def causal_allowed(Nq: int, Nk: int, rows: slice = slice(None), cols: slice = sl
 
 def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None):
     """Call an implementation under guard and check the promised output."""
-    out = guarded_call(impl.fn, q, k, v, causal=causal, scale=scale, arg_names=("q", "k", "v"))
+    out = guarded_call(impl.fn, q, k, v, causal=causal, scale=scale, arg_names=("q", "k", "v"),
+                       timeout_s=call_limit(impl))
     return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)

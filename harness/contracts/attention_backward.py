@@ -24,7 +24,7 @@ import torch
 
 from harness.contracts import Technique, define
 from harness.contracts.attention import check_inputs
-from harness.guard import ContractViolation, check_tensor, guarded_call
+from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
 ATTENTION_BACKWARD = define(
@@ -59,7 +59,7 @@ def check_backward_inputs(q, k, v, o, lse, do, scale: float | None = None) -> fl
 def call(impl: Impl, q, k, v, o, lse, do, *, causal: bool, scale: float | None):
     """Call an implementation under guard and check the three promised gradients."""
     out = guarded_call(impl.fn, q, k, v, o, lse, do, causal=causal, scale=scale,
-                       arg_names=("q", "k", "v", "o", "lse", "do"))
+                       arg_names=("q", "k", "v", "o", "lse", "do"), timeout_s=call_limit(impl))
     if not (isinstance(out, tuple | list) and len(out) == 3):
         raise ContractViolation(f"{impl.name}: returned {type(out).__name__}, expected a tuple (dq, dk, dv)")
     return tuple(check_tensor(g, what=f"{impl.name} {name}", shape=tuple(x.shape), dtype=x.dtype, device=x.device)

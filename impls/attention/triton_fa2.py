@@ -26,7 +26,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["H", "G", "Nq", "Nk"])  # one compile per dtype, d and causal
     def fa2_forward_kernel(Q, K, V, O, LSE, H, G, Nq, Nk, d, scale,  # noqa: E741 - paper notation
                            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
         block, bh = tl.program_id(0), tl.program_id(1)  # query block, batch * H + head
@@ -90,11 +90,12 @@ def _registered(block_m: int, block_n: int):
 
 if importlib.util.find_spec("triton") is not None:  # the "triton" extra; without it nothing registers
     _CITE = "Dao 2023, FlashAttention-2, Algorithm 1 (Triton)"
+    _CAPS = {"Br": 64, "Bc": 64, "tiled": True, "returns_lse": True, "triton": True}
+    # Natively the first call of each (dtype, d, causal) compiles: seconds, more while every test worker compiles.
     register("attention", "triton_fa2", devices=("cuda",), dtypes=("float32", "float16", "bfloat16"), cite=_CITE,
-             caps={"Br": 64, "Bc": 64, "tiled": True, "returns_lse": True, "triton": True})(_registered(64, 64))
+             caps={**_CAPS, "call_limit_s": 120})(_registered(64, 64))
     if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter runs the same kernel on CPU tensors
         # The native block sizes: what passes here is the configuration CUDA runs (and bigger blocks mean
         # fewer programs and loop trips, which is what the interpreter's time goes into).
         register("attention", "triton_fa2_interpret", devices=("cpu",), dtypes=("float32",), cite=_CITE,
-                 caps={"Br": 64, "Bc": 64, "tiled": True, "returns_lse": True, "triton": True, "max_len": 80})(
-            _registered(64, 64))
+                 caps={**_CAPS, "max_len": 80})(_registered(64, 64))

@@ -26,7 +26,7 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["H", "G", "Nq", "Nk"])  # one compile per dtype, d and causal
     def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, H, G, Nq, Nk, d, scale,
                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
         block, bkv = tl.program_id(0), tl.program_id(1)  # key block, batch * Hkv + kv head
@@ -59,7 +59,7 @@ def _kernels():
         tl.store(DK + bkv * Nk * d + cols[:, None] * d + dims[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
         tl.store(DV + bkv * Nk * d + cols[:, None] * d + dims[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["H", "G", "Nq", "Nk"])  # one compile per dtype, d and causal
     def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, H, G, Nq, Nk, d, scale,
                   CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
         block, bh = tl.program_id(0), tl.program_id(1)  # query block, batch * H + head
@@ -114,8 +114,10 @@ def _registered(block_m: int, block_n: int):
 
 if importlib.util.find_spec("triton") is not None:  # the "triton" extra; without it nothing registers
     _CITE = "Dao 2023, FlashAttention-2, Algorithm 2 (Triton)"
+    _CAPS = {"Br": 64, "Bc": 64, "tiled": True, "triton": True}
+    # Natively the first call of each (dtype, d, causal) compiles two kernels: seconds, more under load.
     register("attention_backward", "triton_fa2", devices=("cuda",), dtypes=("float32", "float16", "bfloat16"),
-             cite=_CITE, caps={"Br": 64, "Bc": 64, "tiled": True, "triton": True})(_registered(64, 64))
+             cite=_CITE, caps={**_CAPS, "call_limit_s": 120})(_registered(64, 64))
     if os.environ.get("TRITON_INTERPRET") == "1":
         register("attention_backward", "triton_fa2_interpret", devices=("cpu",), dtypes=("float32",), cite=_CITE,
-                 caps={"Br": 64, "Bc": 64, "tiled": True, "triton": True, "max_len": 80})(_registered(64, 64))
+                 caps={**_CAPS, "max_len": 80})(_registered(64, 64))
