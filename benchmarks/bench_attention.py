@@ -89,7 +89,7 @@ class SdpaRatio:
     ROUNDS = 15  # 7-round windows of one process were seen to differ by 20% on this shared machine
 
     def setup(self, device, cpu_threads):
-        self.threads = torch.get_num_threads()  # first: teardown runs even when setup skips
+        self.threads = torch.get_num_threads()
         self.device = resolve_device(device)
         if cpu_threads == "1" and self.device.type != "cpu":
             raise NotImplementedError("the thread count is a CPU parameter")
@@ -119,7 +119,7 @@ class SdpaRatio:
         return {name: statistics.median(r) for name, r in rounds.items()}
 
     def teardown(self, device, cpu_threads):
-        torch.set_num_threads(self.threads)
+        torch.set_num_threads(getattr(self, "threads", torch.get_num_threads()))  # the module's setup may skip first
 
     def track_best_tiled_over_sdpa(self, device, cpu_threads):
         """Lower is better: 1.0 means the best tiled kernel matches SDPA."""

@@ -64,6 +64,9 @@ RECORDED_METRIC_RTOL = 1e-5
 # speculative decoding: how far a probability vector handed to a sampler may sum from one.  A float64
 # softmax of float32 logits is off by ~1e-16 per row; a table that forgot to normalize is off by >= 1e-3.
 PROBABILITY_SUM = 1e-9
+# dtypes whose plain computation stays finite at logits of 1e3-1e4 (in float16 q.k overflows): the large-logit
+# properties' dtypes.
+HIGH_PRECISION = ("float32", "float64")
 
 
 def dtype_of(name: str) -> torch.dtype:

@@ -17,11 +17,10 @@ from harness.guard import ContractViolation, guarded_call
 from harness.references import attention64, attention_plain, attention_score_conditioning
 from harness.runner import applies, needs_dtype
 from harness.strategies import attention_cases, score_blocks
-from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound
+from harness.tolerance import FLOAT64_IDENTITY, HIGH_PRECISION, assert_earned, dtype_of, earned_bound
 from impls.attention.merge import Partial, finalize, identity, merge, partial
 
 TECHNIQUE = "attention"
-HIGH_PRECISION = ("float32", "float64")
 
 
 def draw_case(data, impl, **kw):

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from harness.devices import available, unavailable_reason
 from harness.guard import call_limit, guarded_call
 from harness.references import attention_lse64, attention_lse_plain, attention_plain, attention_score_conditioning
-from harness.runner import applies, needs_cap
+from harness.runner import applies, needs_cap, needs_dtype
 from harness.strategies import attention_cases
-from harness.tolerance import assert_earned, dtype_of
+from harness.tolerance import HIGH_PRECISION, assert_earned, dtype_of
 
 TECHNIQUE = "attention"
 
@@ -43,10 +43,14 @@ def test_triton_output_and_lse_match_reference(impl, data):
 
 @applies(unavailable_reason)
 @needs_cap("triton", "a Triton kernel")
+@needs_dtype(*HIGH_PRECISION)
 @given(data=st.data())
 def test_triton_large_logits(impl, data):
-    """Scores of 1e3-1e4 must not overflow: the running max is subtracted before exp."""
-    case = data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices),
+    """Scores of 1e3-1e4 must not overflow: the running max is subtracted before exp.  In float32, like
+    test_attention's large-logit property: at such logits a plain float16 computation overflows (NaN), so
+    half precision earns no bound there."""
+    dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
+    case = data.draw(attention_cases(dtypes=dtypes, devices=available(impl.devices),
                                      max_len=impl.cap("max_len", 130), magnitude=st.floats(1e3, 1e4)), label="case")
     q, k, v = case.tensors()
     o = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, arg_names=("q", "k", "v"),
