@@ -13,6 +13,7 @@ from benchmarks.common import (
     KERNEL_HEAD_DIMS,
     KERNEL_LENGTHS,
     cuda_seconds,
+    cuda_warm_up,
     impl_names,
     paper_shape,
     require,
@@ -47,6 +48,7 @@ class AttentionForward:
         self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g).to(self.device) for _ in range(3))
         self.causal = causal
         self.flops = 4 * B * H * N * N * d * (0.5 if causal else 1.0)  # two matmuls; causal halves the work
+        cuda_warm_up(self.device, lambda: self.time_forward(impl, device, shape, causal))
 
     def time_forward(self, impl, device, shape, causal):
         self.fn(self.q, self.k, self.v, causal=self.causal)
@@ -206,6 +208,7 @@ class AttentionDecode:
         g = torch.Generator().manual_seed(0)
         self.q = torch.randn(1, 8, 1, 64, generator=g).to(self.device)
         self.k, self.v = (torch.randn(1, 8, Nk, 64, generator=g).to(self.device) for _ in range(2))
+        cuda_warm_up(self.device, lambda: self.time_decode(impl, device, Nk))
 
     def time_decode(self, impl, device, Nk):
         self.fn(self.q, self.k, self.v, causal=True)

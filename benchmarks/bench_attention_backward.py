@@ -15,6 +15,7 @@ from benchmarks.common import (
     KERNEL_HEAD_DIMS,
     KERNEL_LENGTHS,
     cuda_seconds,
+    cuda_warm_up,
     impl_names,
     paper_shape,
     require,
@@ -48,6 +49,7 @@ class AttentionBackward:
         g = torch.Generator().manual_seed(0)
         self.q, self.k, self.v, self.do = (torch.randn(1, 8, N, 64, generator=g).to(self.device) for _ in range(4))
         self.o, self.lse = self.forward(self.q, self.k, self.v, return_lse=True)
+        cuda_warm_up(self.device, lambda: self.time_forward_backward(impl, device, N))
 
     def time_forward_backward(self, impl, device, N):
         o, lse = self.forward(self.q, self.k, self.v, return_lse=True)

@@ -6,7 +6,7 @@ the simulator's track_ values move on the dashboard whenever a policy or a block
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.common import DEVICES, cuda_warm_up, impl_names, require, resolve_device, resolve_impl, sync
 
 
 def setup(*params):
@@ -50,6 +50,7 @@ class PagedDecodeAttention:
         self.fn = resolve_impl("paged_attention", impl, self.device).fn
         self.sdpa = resolve_impl("attention", "sdpa", self.device).fn
         self.contiguous, self.paged = decode_inputs(cache_len, self.device)
+        cuda_warm_up(self.device, lambda: self.time_paged_decode(impl, device, cache_len))
 
     def time_paged_decode(self, impl, device, cache_len):
         self.fn(*self.paged)

@@ -6,7 +6,7 @@ weights (harness/models/weights) and skip (n/a) without them.
 
 import torch
 
-from benchmarks.common import DEVICES, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.common import DEVICES, cuda_warm_up, impl_names, require, resolve_device, resolve_impl, sync
 
 
 def setup(*params):
@@ -100,6 +100,7 @@ class LinearTime:
             self.fn = lambda x, w, bits: x @ w.T
         else:
             self.fn = resolve_impl("quantized_linear", impl, self.device).fn
+        cuda_warm_up(self.device, lambda: self.time_matmul(impl, device, tokens))
 
     def time_matmul(self, impl, device, tokens):
         self.fn(self.x, self.w, bits=8)

@@ -67,6 +67,14 @@ def require(*modules: str) -> None:
             raise NotImplementedError(f"{name} is not available at this commit ({exc})") from None
 
 
+def cuda_warm_up(device: torch.device, fn) -> None:
+    """On CUDA, one untimed call of fn() in setup: asv --quick times a single call, which would otherwise
+    include a Triton kernel's JIT compile, cuBLAS's handle and the caching allocator's first blocks."""
+    if device.type == "cuda":
+        fn()
+        torch.cuda.synchronize()
+
+
 def cuda_seconds(fn, calls: int = 10) -> float:
     """Median GPU seconds of fn() over ``calls`` calls, each between two CUDA events, after one warm-up call
     (which also compiles a Triton kernel on first use)."""
