@@ -16,7 +16,7 @@ from harness.devices import available, unavailable_reason
 from harness.guard import ContractViolation, guarded_call
 from harness.references import attention64, attention_plain, attention_score_conditioning
 from harness.runner import applies, needs_dtype
-from harness.strategies import attention_cases, score_blocks
+from harness.strategies import AttentionCase, attention_cases, score_blocks
 from harness.tolerance import FLOAT64_IDENTITY, HIGH_PRECISION, assert_earned, dtype_of, earned_bound
 from impls.attention.merge import Partial, finalize, identity, merge, partial
 
@@ -184,3 +184,16 @@ def test_blockwise_merge_in_any_order_is_softmax(blocks, order_seed):
     expected = torch.softmax(s, dim=-1).nan_to_num(0.0) @ v  # fully masked rows -> 0, per the contract
     err = (finalize(total) - expected).abs().max().item()
     assert err <= FLOAT64_IDENTITY, f"blockwise merge in order {order} is off softmax(s) v by {err:.3g}"
+
+
+@given(case=attention_cases(dtypes=("float16", "bfloat16", "float32"), max_len=40, magnitude=st.floats(1.0, 5e3)))
+@example(case=AttentionCase(B=1, H=3, Hkv=3, Nq=1, Nk=1, d=8, causal=False, scale=None, dtype="bfloat16", seed=0,
+                            magnitude=1000.0))  # found on an H200: e^(2 max|ds|) overflowed, 0 x inf gave a NaN bound
+def test_score_conditioning_is_finite_and_within_the_values_spread(case):
+    """The oracle's score-rounding term, which large-logit bounds add, is a finite bound no larger than the
+    spread of the values (any softmax weights give a convex combination of them): 0 with one key."""
+    q, k, v = case.tensors()
+    bound = attention_score_conditioning(q, k, v, causal=case.causal, scale=case.scale)
+    v64 = v.double()
+    spread = (v64.amax(dim=2) - v64.amin(dim=2)).max().item()  # over all keys, per (batch, kv head, coordinate)
+    assert 0.0 <= bound <= spread, f"conditioning {bound} outside [0, spread of v = {spread}]"
