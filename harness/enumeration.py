@@ -454,9 +454,5 @@ def check_output(tokens: list, budget: int, vocab_size: int) -> tuple[int, ...]:
 _INT = {int}
 
 
-def total_variation(a: dict, b: dict) -> float:
-    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
-
-
 def max_difference(a: dict, b: dict) -> tuple[float, Hashable]:
     return max(((abs(a.get(k, 0.0) - b.get(k, 0.0)), k) for k in set(a) | set(b)), default=(0.0, ()))

@@ -7,6 +7,7 @@ exact); (2) the scheme's approximation -- |y - x @ w.T| stays inside the bound d
 ratio reduced) are tested on its building block at the end.
 """
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -138,6 +139,15 @@ def test_rejects_bad_input(impl):
                 f"{impl.name} ({name}): '{cause}' does not name {arg!r}")
         else:
             raise AssertionError(f"{impl.name} accepted bad input ({name}) instead of raising")
+
+
+@pytest.mark.parametrize(("caps", "named"), [({"weight": "rows"}, "weight"), ({"act": "batch"}, "act"),
+                                              ({"weight": "group"}, "group_size"),
+                                              ({"weight": "group", "group_size": 0}, "group_size")])
+def test_declared_scheme_is_validated(caps, named):
+    """A plugin's declared scheme that no reference computes is refused, naming the capability."""
+    with pytest.raises(ValueError, match=named):
+        Scheme(**caps)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,17 @@ class Scheme:
     outlier_threshold: float | None = None
     smooth_alpha: float | None = None
 
+    def __post_init__(self) -> None:
+        """A scheme comes from an implementation's declared capabilities (a plugin's too): reject what no
+        reference computes, naming the capability, rather than compare against the wrong one."""
+        if self.weight not in GRANULARITIES:
+            raise ValueError(f"quantized_linear: capability weight must be one of {GRANULARITIES}, got {self.weight!r}")
+        if self.act not in (None, "tensor", "token"):
+            raise ValueError(f"quantized_linear: capability act must be None, 'tensor' or 'token', got {self.act!r}")
+        if self.weight == "group" and not (isinstance(self.group_size, int) and self.group_size > 0):
+            raise ValueError(f"quantized_linear: weight='group' needs a positive integer group_size, got "
+                             f"{self.group_size!r}")
+
     @classmethod
     def of(cls, impl: Impl) -> Scheme:
         return cls(**{k: impl.cap(k) for k in ("group_size", "act", "outlier_threshold", "smooth_alpha")},
@@ -68,15 +79,6 @@ def check_inputs(x: torch.Tensor, w: torch.Tensor, bits: int, calib: torch.Tenso
         raise ValueError(f"quantized_linear: bits must be an integer in 2..8, got {bits!r}")
     if calib is not None and (calib.dim() != 2 or calib.shape[1] != w.shape[1]):
         raise ValueError(f"quantized_linear: calib must be (n, {w.shape[1]}), got {tuple(calib.shape)}")
-
-
-def check_scheme(scheme: Scheme, cols: int) -> None:
-    if scheme.weight not in GRANULARITIES:
-        raise ValueError(f"quantized_linear: weight granularity must be one of {GRANULARITIES}, got {scheme.weight!r}")
-    if scheme.act not in (None, "tensor", "token"):
-        raise ValueError(f"quantized_linear: act must be None, 'tensor' or 'token', got {scheme.act!r}")
-    if scheme.weight == "group" and (not scheme.group_size or cols % scheme.group_size):
-        raise ValueError(f"quantized_linear: group_size {scheme.group_size} must divide in-features {cols}")
 
 
 def call(impl: Impl, x: torch.Tensor, w: torch.Tensor, *, bits: int, calib: torch.Tensor | None = None):

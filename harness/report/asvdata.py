@@ -52,9 +52,3 @@ def values(benchmark: str) -> dict[tuple, float]:
     if merged:
         return merged
     raise NotImplementedError(f"no asv result for {benchmark} yet: run `python -m harness run` or `tox -e bench`")
-
-
-def machine_names() -> list[str]:
-    return sorted(p.name for p in RESULTS.iterdir() if (p / "machine.json").is_file())
-
-
