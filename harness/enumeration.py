@@ -238,25 +238,58 @@ def exact_distribution(
     if "fork" not in multiprocessing.get_all_start_methods():
         workers = 1
     start = time.perf_counter()
-    run = _Run()
-    watched_t, watched_d = _Model(target, run, True), (_Model(draft, run, False) if draft is not None else None)
-    V = target.vocab_size
 
-    def misses() -> int:
-        return watched_t.misses + (watched_d.misses if watched_d else 0)
+    def call(t, d, ctx, budget, rng):
+        return sampler(t, d, ctx, gamma=gamma, max_new_tokens=budget, rng=rng, eos=eos, **kwargs)
 
-    def one_run(ctx: tuple[int, ...], budget: int):
+    enumerator = _Enumerator(call, target, draft, merge, workers, parallel_after_runs, progress)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
+    try:
+        result = enumerator.dist(tuple(prompt), T)
+    finally:
+        torch.set_num_threads(threads)
+        enumerator.close()
+    return Enumeration(result, enumerator.runs, len(enumerator.table), enumerator.model_calls(),
+                       time.perf_counter() - start, enumerator.pool.n if enumerator.pool.started else 1)
+
+
+class _Enumerator:
+    """One enumeration: the watched models, each round state's runs and composed distribution, the workers.
+
+    A round state is (tokens so far, budget left).  `round_of` visits its branches; `dist` composes its
+    finished outputs with the distributions of the round states its cut runs lead to."""
+
+    def __init__(self, call: Callable, target: LM, draft: LM | None, merge: bool, workers: int,
+                 parallel_after_runs: int, progress: bool) -> None:
+        self.call, self.merge, self.parallel_after_runs = call, merge, parallel_after_runs
+        self.run = _Run()
+        self.target = _Model(target, self.run, True)
+        self.draft = _Model(draft, self.run, False) if draft is not None else None
+        self.pool = _Workers(workers, self.task)
+        self.rounds: dict[tuple[tuple[int, ...], int], _Round] = {}  # a round state's own runs
+        self.table: dict[tuple[tuple[int, ...], int], dict] = {}  # a round state's composed distribution
+        self.bar = tqdm(disable=not progress, unit=" runs", desc="enumerating", mininterval=1.0)
+        self.runs = self.worker_calls = 0
+
+    def misses(self) -> int:
+        return self.target.misses + (self.draft.misses if self.draft else 0)
+
+    def model_calls(self) -> int:
+        return self.misses() + self.worker_calls
+
+    def one_run(self, ctx: tuple[int, ...], budget: int) -> Callable:
+        run, call, target, draft, V = self.run, self.call, self.target, self.draft, self.target.vocab_size
+
         def go(rng):
-            run.prompt, run.cut, run.target_calls = ctx, merge, 0
-            out = sampler(watched_t, watched_d, list(ctx), gamma=gamma, max_new_tokens=budget, rng=rng, eos=eos,
-                          **kwargs)
-            return ("done", check_output(tokens_of(out), budget, V))
+            run.prompt, run.cut, run.target_calls = ctx, self.merge, 0
+            return ("done", check_output(tokens_of(call(target, draft, list(ctx), budget, rng)), budget, V))
         return go
 
-    def explore_branches(ctx: tuple[int, ...], budget: int, stack: list, after_run=None) -> _Round:
+    def explore_branches(self, ctx: tuple[int, ...], budget: int, stack: list, after_run=None) -> _Round:
         """Run the branches on ``stack`` of the round started at (ctx, budget) and every branch they reach;
         ``after_run(found, state, stack)`` is called after each run and may take the rest of the stack."""
-        go, found = one_run(ctx, budget), _Round()
+        go, found = self.one_run(ctx, budget), _Round()
         out, cut = found.out, found.cut
         while stack:
             path, prob = stack.pop()
@@ -270,77 +303,65 @@ def exact_distribution(
                 after_run(found, (ctx, budget), stack)
         return found
 
-    def task(ctx: tuple[int, ...], budget: int, stack: list) -> tuple[_Round, int]:
+    def task(self, ctx: tuple[int, ...], budget: int, stack: list) -> tuple[_Round, int]:
         """A worker's share: the whole subtree of the branches on ``stack``, and the model calls it made."""
-        before = misses()
-        found = explore_branches(ctx, budget, stack)
-        return found, misses() - before
+        before = self.misses()
+        found = self.explore_branches(ctx, budget, stack)
+        return found, self.misses() - before
 
-    pool = _Workers(workers, task)
-    rounds: dict[tuple[tuple[int, ...], int], _Round] = {}  # a round state's own runs
-    table: dict[tuple[tuple[int, ...], int], dict] = {}  # a round state's composed distribution
-    bar = tqdm(disable=not progress, unit=" runs", desc="enumerating", mininterval=1.0)
-    counts = {"runs": 0, "worker_calls": 0}
-
-    def received(found: _Round, calls: int) -> _Round:
-        counts["runs"] += found.runs
-        counts["worker_calls"] += calls
-        bar.update(found.runs)
+    def received(self, found: _Round, calls: int) -> _Round:
+        self.runs += found.runs
+        self.worker_calls += calls
+        self.bar.update(found.runs)
         return found
 
-    def after_run(found: _Round, state, stack: list) -> None:
+    def after_run(self, found: _Round, state, stack: list) -> None:
         """Count the run; past ``parallel_after_runs``, give the pending branches to the workers."""
-        counts["runs"] += 1
-        bar.update()
-        if counts["runs"] >= parallel_after_runs and stack and pool.start():
+        self.runs += 1
+        self.bar.update()
+        if self.runs >= self.parallel_after_runs and stack and self.pool.start():
             pending = [(*state, [branch]) for branch in stack]  # the bottom of the stack, shallowest, first
             stack.clear()
-            for share, calls in pool.map(pending):
-                found.add(received(share, calls))
+            for share, calls in self.pool.map(pending):
+                found.add(self.received(share, calls))
 
-    def round_of(ctx: tuple[int, ...], budget: int) -> _Round:
-        if (ctx, budget) not in rounds:
-            rounds[(ctx, budget)] = explore_branches(ctx, budget, [([], 1.0)], after_run)
-        return rounds[(ctx, budget)]
+    def round_of(self, ctx: tuple[int, ...], budget: int) -> _Round:
+        if (ctx, budget) not in self.rounds:
+            self.rounds[(ctx, budget)] = self.explore_branches(ctx, budget, [([], 1.0)], self.after_run)
+        return self.rounds[(ctx, budget)]
 
-    def prefetch(states: list) -> None:
+    def prefetch(self, states: list) -> None:
         """Explore ``states`` and every round state they lead to in the workers, one level at a time."""
+        rounds = self.rounds
         level = list(dict.fromkeys(s for s in states if s not in rounds))
         while level:
             level.sort(key=lambda s: -s[1])  # bigger budgets, bigger rounds: first
             tasks = [(ctx, budget, [([], 1.0)]) for ctx, budget in level]
-            for state, (found, calls) in zip(level, pool.map(tasks, ordered=True), strict=True):
-                rounds[state] = received(found, calls)
+            for state, (found, calls) in zip(level, self.pool.map(tasks, ordered=True), strict=True):
+                rounds[state] = self.received(found, calls)
             level = list(dict.fromkeys((ctx + t, budget - len(t)) for ctx, budget in level
                                        for t in rounds[(ctx, budget)].cut if (ctx + t, budget - len(t)) not in rounds))
 
-    def dist(ctx: tuple[int, ...], budget: int) -> dict:
-        if (ctx, budget) in table:
-            return table[(ctx, budget)]
-        found = round_of(ctx, budget)
+    def dist(self, ctx: tuple[int, ...], budget: int) -> dict:
+        if (ctx, budget) in self.table:
+            return self.table[(ctx, budget)]
+        found = self.round_of(ctx, budget)
         out = defaultdict(float, found.out)
         prefetched = False
         # Composed once per distinct round outcome, not once per run: thousands of runs (the drafts a
         # rejection discards) end in the same tokens, and each would otherwise walk the whole sub-distribution.
         for tokens, prob in found.cut.items():
-            if pool.started and not prefetched:
-                prefetch([(ctx + t, budget - len(t)) for t in found.cut])
+            if self.pool.started and not prefetched:
+                self.prefetch([(ctx + t, budget - len(t)) for t in found.cut])
                 prefetched = True
-            for tail, q in dist(ctx + tokens, budget - len(tokens)).items():
+            for tail, q in self.dist(ctx + tokens, budget - len(tokens)).items():
                 out[tokens + tail] += prob * q
-        table[(ctx, budget)] = dict(out)
-        return table[(ctx, budget)]
+        self.table[(ctx, budget)] = dict(out)
+        return self.table[(ctx, budget)]
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
-    try:
-        result = dist(tuple(prompt), T)
-    finally:
-        torch.set_num_threads(threads)
-        bar.close()
-        pool.close()
-    return Enumeration(result, counts["runs"], len(table), misses() + counts["worker_calls"],
-                       time.perf_counter() - start, pool.n if pool.started else 1)
+    def close(self) -> None:
+        self.bar.close()
+        self.pool.close()
 
 
 class _Round:
