@@ -1,7 +1,10 @@
 """Read benchmark values from asv's results (results/<machine>/<commit>-<env>.json).
 
 The report draws measured curves from the same benchmarks the dashboard shows, so every number
-has one source.  Of each machine, the newest result file (by run date) that holds a benchmark is used.
+has one source.  Each case (one parameter combination) is read from the newest run that measured it at
+the benchmark's current version: a run of a few cases (a parameter regex, a GPU session's batches)
+replaces those cases and leaves the others as they were, and a case measured before its benchmark's
+code changed is not shown, as the dashboard does not show it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,15 @@ RESULTS = ROOT / "results"
 
 
 @cache
+def current_versions() -> dict[str, str]:
+    """{benchmark: version} of the benchmarks as asv last discovered them (results/benchmarks.json)."""
+    path = RESULTS / "benchmarks.json"
+    if not path.is_file():
+        return {}
+    return {name: b["version"] for name, b in json.loads(path.read_text()).items() if isinstance(b, dict)}
+
+
+@cache
 def _files() -> list[dict]:
     found = []
     for path in RESULTS.glob("*/*.json"):
@@ -30,25 +42,23 @@ def _files() -> list[dict]:
 
 
 def values(benchmark: str) -> dict[tuple, float]:
-    """{(param values...): value} of ``benchmark`` from the newest run of it on each machine, merged: a CPU
-    machine's cpu cases and a GPU machine's cuda cases side by side (where two machines measured the same
-    case, the newer run wins).  NaN/None (skipped) are left out."""
+    """{(param values...): value} of ``benchmark``, each case from the newest run (by commit date) that
+    measured it at the current benchmark version, over every machine: a CPU machine's cpu cases and a GPU
+    machine's cuda cases side by side.  NaN/None (skipped) are left out."""
+    version = current_versions().get(benchmark)
     merged: dict[tuple, float] = {}
-    machines = set()
-    for data in _files():  # newest first
-        entry, machine = data["results"].get(benchmark), data.get("params", {}).get("machine")
-        if entry is None or machine in machines:
+    for data in _files():  # newest first: a case already read keeps its newer value
+        entry = data["results"].get(benchmark)
+        if entry is None:
             continue
         columns = data["result_columns"]
         result, params = entry[columns.index("result")], entry[columns.index("params")]
-        if result is None:
+        if result is None or version is not None and entry[columns.index("version")] != version:
             continue
         combos = itertools.product(*[[ast.literal_eval(p) for p in ps] for ps in params]) if params else [()]
         out = {combo: v for combo, v in zip(combos, result, strict=False)
                if v is not None and not (isinstance(v, float) and math.isnan(v))}
-        if out:
-            machines.add(machine)
-            merged = out | merged
+        merged = out | merged
     if merged:
         return merged
     raise NotImplementedError(f"no asv result for {benchmark} yet: run `python -m harness run` or `tox -e bench`")
