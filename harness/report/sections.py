@@ -312,5 +312,6 @@ def _time_per_token(r: Report, us: dict[tuple, float]) -> None:
              "speedup if draft and sampler were free"], rows,
             caption="asv `TimePerToken`, draft_good: where a generated token's time goes (the target's and the "
                     "draft's sessions, and the sampler's own work).  Each gamma is a separate asv case, so its "
-                    "speedup is noisier than WallClock's, whose two samplers take turns.  The last column is the "
-                    "ceiling the target's part allows: plain time per token / the target's time per token.")
+                    "speedup is noisier than WallClock's, whose two samplers take turns (the goal, >= 2x, is read "
+                    "from WallClock: the figure's dots).  The last column is the ceiling the target's part "
+                    "allows: plain time per token / the target's time per token.")
