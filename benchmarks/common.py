@@ -78,8 +78,7 @@ def cuda_warm_up(device: torch.device, fn) -> None:
 def cuda_seconds(fn, calls: int = 10) -> float:
     """Median GPU seconds of fn() over ``calls`` calls, each between two CUDA events, after one warm-up call
     (which also compiles a Triton kernel on first use)."""
-    fn()
-    torch.cuda.synchronize()
+    cuda_warm_up(torch.device("cuda"), fn)
     times = []
     for _ in range(calls):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
