@@ -3,6 +3,7 @@
 The target and the draft each keep one session (`harness.lm.session`: a KV cache for real models).
 Verifying k draft tokens is one cached target step over the tokens it has not seen (the last emitted
 token and the k drafts); rejected positions are rolled back by truncating the caches, never recomputed.
+Drafting stops at a drafted end token (k < gamma): what would follow it is never emitted.
 Invariant: the same accept/resample rule as `standard`, so the output distribution is the target's.
 """
 
@@ -34,8 +35,10 @@ def cached(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
         for i in range(k):
             xs.append(int(rng.categorical(q)))
             qs.append(q)
-            if i < k - 1:
-                q = checked(ds.extend(xs[-1:])[-1], "draft")
+            if i == k - 1 or xs[-1] == eos:  # nothing after a drafted end token is ever emitted
+                break
+            q = checked(ds.extend(xs[-1:])[-1], "draft")
+        k = len(xs)  # fewer than gamma when the draft ended the document
         p = checked(ts.extend(ctx[ts.length :] + xs)[-(k + 1) :], "target")  # (k + 1, V), one cached step
         rows = torch.arange(k)
         ratios = (p[rows, xs] / torch.stack(qs)[rows, xs]).tolist() if k else []  # p_i(x_i) / q_i(x_i), (k,)
