@@ -226,7 +226,7 @@ def warm_up(samplers, rng) -> None:
         sample(rng(DOCUMENTS))
 
 
-def time_documents(samplers, rng) -> tuple[list[float], list[int]]:
+def run_documents(samplers, rng) -> tuple[list[float], list[int]]:
     """Seconds and tokens of each sampler(rng) over the documents of seeds 0..DOCUMENTS-1, the samplers
     taking turns document by document with the same seeds, so that load on a shared machine falls on all
     alike."""
@@ -264,10 +264,10 @@ class WallClock:
         document(self.target, self.draft, gamma, self.rng(0), self.bos, self.eos)
 
     def track_speedup_measured(self, draft, gamma, device):
-        """Plain time per token / speculative time per token over the documents of `time_documents`."""
+        """Plain time per token / speculative time per token over the documents of `run_documents`."""
         samplers = [lambda rng, g=g: document(self.target, self.draft, g, rng, self.bos, self.eos) for g in (0, gamma)]
         warm_up(samplers, self.rng)
-        seconds, tokens = time_documents(samplers, self.rng)
+        seconds, tokens = run_documents(samplers, self.rng)
         return (seconds[0] / tokens[0]) / (seconds[1] / tokens[1])
 
     track_speedup_measured.unit = "x"
@@ -384,11 +384,11 @@ class TimePerToken:
         self.bos, self.eos, self.rng = zoo.tokenizer().bos, zoo.tokenizer().eos, TorchRng
 
     def track_microseconds_per_token(self, gamma, part):
-        """Over the documents of `time_documents`, after the warm-up."""
+        """Over the documents of `run_documents`, after the warm-up."""
         samplers = [lambda rng: document(self.target, self.draft, gamma, rng, self.bos, self.eos)]
         warm_up(samplers, self.rng)
         self.clock.update(target=0.0, draft=0.0)
-        (seconds,), (tokens,) = time_documents(samplers, self.rng)
+        (seconds,), (tokens,) = run_documents(samplers, self.rng)
         inside = self.clock[part] if part in self.clock else seconds - sum(self.clock.values())
         return inside / tokens * 1e6
 
