@@ -6,8 +6,8 @@ linear warmup and cosine decay.  A recipe with a teacher is distilled instead: t
 taken against the teacher's next-token distribution, not the sampled token (DistillSpec, Zhou et al.
 2023: a draft whose q moves toward the target's p raises the acceptance rate sum(min(p, q))).
 Seeds, the thread count and deterministic algorithms are fixed, so a rerun on the same machine
-writes the same weights.  Writes ``weights/<name>.safetensors``
-and ``weights/<name>.json`` (config, recipe, test NLL per token, grammatical fraction of samples).
+writes the same weights.  Writes ``weights/<name>.safetensors`` and ``weights/<name>.json`` (config,
+recipe, test NLL per token, grammatical fraction of samples).
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ def learning_rate(recipe: Recipe, step: int) -> float:
     return recipe.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))  # cosine from lr down to lr / 10
 
 
+def corpus_loss(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of logits (B, T-1, V) against the sampled tokens idx[:, 1:]."""
+    return nll_loss(logits, idx[:, 1:], TOKENIZER.pad)
+
+
 def distillation_loss(teacher: GPT):
     """Cross-entropy of the student's logits (B, T-1, V) against the teacher's distribution over the
     positions of idx (B, T) whose next token is not PAD: KL(teacher || student) plus a constant."""
@@ -77,8 +82,7 @@ def train(name: str) -> dict:
     recipe = RECIPES[name]
     torch.manual_seed(recipe.seed)
     model = GPT(recipe.config)
-    loss_fn = distillation_loss(zoo.load(recipe.teacher)) if recipe.teacher else \
-        (lambda logits, idx: nll_loss(logits, idx[:, 1:], TOKENIZER.pad))
+    loss_fn = distillation_loss(zoo.load(recipe.teacher)) if recipe.teacher else corpus_loss
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.01)
     rng = random.Random(TRAIN_SEED + recipe.seed)
     start = time.perf_counter()
