@@ -211,9 +211,15 @@ PARALLEL_AFTER_RUNS = 20_000  # ~1 s of runs: below this a fork (and each worker
 MAX_WORKERS = 8
 
 
+def can_fork() -> bool:
+    """Whether this process may fork workers: not where the platform has no fork, nor in a daemonic process
+    (multiprocessing forbids it children; `harness check` runs each implementation in one)."""
+    return "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
+
+
 def default_workers() -> int:
-    """The CPUs this process may use (at most MAX_WORKERS); 1 where processes cannot be forked."""
-    if "fork" not in multiprocessing.get_all_start_methods():
+    """The CPUs this process may use (at most MAX_WORKERS); 1 where it cannot fork."""
+    if not can_fork():
         return 1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cpus, MAX_WORKERS))
@@ -235,7 +241,7 @@ def exact_distribution(
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"exact_distribution: workers must be an int >= 1, got {workers!r}")
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if not can_fork():
         workers = 1
     start = time.perf_counter()
 

@@ -56,6 +56,26 @@ def test_an_error_in_a_worker_is_raised_with_its_traceback():
     assert "broken_on_token_two" in str(raised.value.__cause__), "the worker's traceback was lost"
 
 
+def _enumerate_in(queue) -> None:
+    result = exact_distribution(speculative, _uniform(3), _uniform(3), [0], gamma=2, T=2, workers=2,
+                                parallel_after_runs=1)
+    queue.put((result.workers, result.dist))
+
+
+def test_a_daemonic_process_enumerates_without_forking():
+    """`harness check` runs each implementation in a daemonic child, which may not fork: the enumeration
+    stays in that process instead of failing with "daemonic processes are not allowed to have children"."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_enumerate_in, args=(queue,), daemon=True)
+    child.start()
+    workers, dist = queue.get(timeout=60)
+    child.join(timeout=60)
+    alone = exact_distribution(speculative, _uniform(3), _uniform(3), [0], gamma=2, T=2, workers=1)
+    assert workers == 1 and child.exitcode == 0
+    assert max_difference(dist, alone.dist)[0] <= FLOAT64_IDENTITY
+
+
 def test_rejects_bad_workers():
     for bad in (0, -1, 1.5):
         with pytest.raises(ValueError, match="workers"):
