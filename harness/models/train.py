@@ -28,7 +28,8 @@ from harness.models.gpt import GPT, GPTConfig, nll_loss
 from harness.models.world import TOKENIZER, TRAIN_SEED, generate_document
 
 TARGET = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=4, n_head=4, n_kv_head=4, n_embd=128, positions="rotary")
-DRAFT = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=32, positions="learned")
+DRAFT_SMALL = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
+                        positions="learned")
 # One layer at the target's width, EAGLE's draft shape (Li et al. 2024): on a CPU where a decode step costs
 # by its op count, width is nearly free and depth is not; learned positions cost fewer ops than rotary.
 DRAFT_WIDE = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=1, n_head=4, n_kv_head=4, n_embd=128,
@@ -49,7 +50,7 @@ class Recipe:
 RECIPES = {
     "target": Recipe(TARGET, steps=800, lr=3e-3, batch_docs=32),
     "draft_good": Recipe(DRAFT_WIDE, steps=1600, lr=3e-3, teacher="target"),
-    "draft_bad": Recipe(DRAFT, steps=60, lr=1e-2, warmup=10),
+    "draft_bad": Recipe(DRAFT_SMALL, steps=60, lr=1e-2, warmup=10),
 }
 THREADS = 1  # the machine is shared; one thread also fixes the reduction order
 SAMPLED_DOCS, SAMPLE_SEED = 500, 0
