@@ -218,9 +218,7 @@ def can_fork() -> bool:
 
 
 def default_workers() -> int:
-    """The CPUs this process may use (at most MAX_WORKERS); 1 where it cannot fork."""
-    if not can_fork():
-        return 1
+    """The CPUs this process may use (at most MAX_WORKERS)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cpus, MAX_WORKERS))
 
@@ -241,7 +239,7 @@ def exact_distribution(
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"exact_distribution: workers must be an int >= 1, got {workers!r}")
-    if not can_fork():
+    if not can_fork():  # the one check, for a default or a requested count alike
         workers = 1
     start = time.perf_counter()
 
