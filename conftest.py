@@ -1,12 +1,15 @@
 """pytest glue: Hypothesis profiles, and `impl` parametrized over the registry.
 
 Choose a profile with ``--hypothesis-profile dev|ci|thorough`` (default: dev, or ci when CI is set).
-A test that takes ``impl`` runs once per registered non-mutant implementation of the module's
-TECHNIQUE to which it applies; mutants are exercised by properties/test_mutants.py.
+A test that takes ``impl`` is parametrized over every registered non-mutant implementation of the
+module's TECHNIQUE; where it does not apply (a dtype or device not declared, an asymmetric quantizer
+for the absmax round trip...) the case is a visible skip with the reason, as `harness check` reports it
+(`pytest -rs` lists them).  Mutants are exercised by properties/test_mutants.py.
 """
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -33,5 +36,8 @@ def pytest_generate_tests(metafunc):
     from harness.runner import Property
 
     prop = Property(metafunc.function.__name__, metafunc.function, metafunc.module.__name__)
-    chosen = [i for i in impls(metafunc.module.TECHNIQUE) if prop.skip_reason(i) is None]
-    metafunc.parametrize("impl", chosen, ids=[i.name for i in chosen])
+    cases = []
+    for impl in impls(metafunc.module.TECHNIQUE):
+        reason = prop.skip_reason(impl)
+        cases.append(pytest.param(impl, id=impl.name, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+    metafunc.parametrize("impl", cases)

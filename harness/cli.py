@@ -9,6 +9,7 @@ survive a fork).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -101,8 +102,13 @@ def cmd_list(args) -> int:
 
 def cmd_check(args) -> int:
     profiles.load(args.profile)
+    _known_technique(args.technique)
+    unknown = sorted(set(args.impl) - {i.name for i in impls(args.technique, mutants=None)})
+    if unknown:
+        raise SystemExit(f"check: no implementation {', '.join(unknown)} of {args.technique}; "
+                         f"`python -m harness list {args.technique}` shows them")
     chosen = [get(args.technique, n) for n in args.impl]
-    chosen += [_load_plugin(spec, args.technique) for spec in args.plugin]
+    chosen += _unique_names([_load_plugin(spec, args.technique) for spec in args.plugin], taken=set(args.impl))
     if not chosen:
         chosen = impls(args.technique)
     props = _select(properties_of(args.technique), args.property)
@@ -121,6 +127,8 @@ def cmd_check(args) -> int:
 
 def cmd_mutants(args) -> int:
     profiles.load(args.profile)
+    if args.technique:
+        _known_technique(args.technique)
     techniques = [args.technique] if args.technique else sorted(load_techniques())
     survivors, verdicts = [], []
     for t in techniques:
@@ -259,6 +267,25 @@ def _load_plugin(spec: str, technique: str) -> Impl:
         return load_plugin(spec, technique)
     except Exception as exc:
         raise SystemExit(f"--plugin {spec}: {type(exc).__name__}: {exc}") from exc
+
+
+def _known_technique(name: str) -> None:
+    known = load_techniques()
+    if name not in known:
+        raise SystemExit(f"unknown technique {name!r}; known: {', '.join(sorted(known))}")
+
+
+def _unique_names(plugins: list[Impl], taken: set[str]) -> list[Impl]:
+    """Two plugins both called `attention` (from two files) get distinct rows: `attention`, `attention#2`."""
+    unique = []
+    for impl in plugins:
+        name, n = impl.name, 1
+        while name in taken:
+            n += 1
+            name = f"{impl.name}#{n}"
+        taken.add(name)
+        unique.append(impl if name == impl.name else dataclasses.replace(impl, name=name))
+    return unique
 
 
 def get_impl(chosen: list[Impl], name: str) -> Impl:

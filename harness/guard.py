@@ -8,6 +8,7 @@ still shrink the failing example without waiting out the limit every time.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,16 +23,26 @@ class ContractViolation(AssertionError):
     """The implementation broke its contract (wrong shape/dtype, NaN, mutation, hang...)."""
 
 
+def names_argument(message: str, *args: str) -> bool:
+    """Whether an error message names one of ``args`` as a word ("q must be 4-d"), not as a letter inside
+    another word (the "v" of "invalid shapes" names nothing)."""
+    return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(a)}(?![A-Za-z0-9_])", message) for a in args)
+
+
 def guarded_call(
     fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
-    **kwargs: Any,
+    hang_owner: Any = None, **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` in a worker thread; check it returned in time and left inputs alone.
 
-    ``arg_names`` names the positional arguments in messages ("mutated its input q").
+    ``arg_names`` names the positional arguments in messages ("mutated its input q").  A hang is recorded
+    against ``hang_owner`` (default: fn, or a bound method's function, shared by every instance) and every
+    later call for that owner fails at once: pass the implementation's ``impl.fn`` when ``fn`` is a helper
+    that drives it, so the hang is charged to the implementation, not to the helper.
     """
-    if id(fn) in _hung:
-        raise ContractViolation(_hung[id(fn)])
+    key = id(hang_owner if hang_owner is not None else getattr(fn, "__func__", fn))
+    if key in _hung:
+        raise ContractViolation(_hung[key])
     named = {**dict(zip(arg_names, args, strict=False)), **{f"argument {i}": a for i, a in enumerate(args)
                                                              if i >= len(arg_names)}, **kwargs}
     before = [(path, t.clone()) for path, t in _tensors(named)]
@@ -47,8 +58,8 @@ def guarded_call(
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        _hung[id(fn)] = f"hung: no result within the per-call limit of {timeout_s:g} s"
-        raise ContractViolation(_hung[id(fn)])
+        _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
+        raise ContractViolation(_hung[key])
     if "exc" in box:
         exc = box["exc"]
         raise ContractViolation(f"raised {type(exc).__name__}: {exc}") from exc

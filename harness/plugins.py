@@ -6,6 +6,7 @@ plain function (declare its capabilities with `declare`) or an `Impl` record.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -45,7 +46,7 @@ def load_plugin(spec: str, technique: str) -> Impl:
         raise AttributeError(f"--plugin: {where} has no attribute {attr!r}")
     obj = getattr(module, attr)
     if isinstance(obj, Impl):
-        return obj
+        return dataclasses.replace(obj, source=spec)  # the reproduce line names the spec, not the record's origin
     if not callable(obj):
         raise TypeError(f"--plugin: {spec} is a {type(obj).__name__}, not a function")
     declared = dict(getattr(obj, "harness_declared", {}))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
@@ -16,24 +18,30 @@ def attention64(q, k, v, *, causal: bool = False, scale: float | None = None) ->
     scale = check_inputs(q, k, v, scale)
     q, k, v = q.double(), k.double(), v.double()
     s = _scores(q, k, scale, causal)  # (B, Hkv, G, Nq, Nk)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: softmax gives NaN, contract says 0
-    return (p @ v[:, :, None]).reshape(q.shape)  # (B, H, Nq, d)
+    return (_softmax_rows(s) @ v[:, :, None]).reshape(q.shape)  # (B, H, Nq, d)
+
+
+PLAIN_ORDERS = 4  # operation orders of attention_plain
 
 
 def attention_plain(q, k, v, *, causal: bool = False, scale: float | None = None) -> list[torch.Tensor]:
     """The 'plain computations' that earn tolerances: the formula carried out in the inputs' own dtype
-    in three mathematically identical operation orders (d summed in reverse; q scaled before the
-    product; d split in two halves), normalizing before or after the product with v.  The largest of
-    their distances from the reference is an honest sample of that dtype's rounding error: never the
-    zero that re-running the reference's own order gives in float64, and not one lucky draw either."""
+    in four mathematically identical operation orders (d summed in reverse; q scaled before the
+    product; d split in two halves; base-2 scores s * log2(e) and exp2, as FlashAttention-2's kernels
+    compute them, which rounds every score once more), normalizing before or after the product with v.
+    The largest of their distances from the reference is an honest sample of that dtype's rounding
+    error: never the zero that re-running the reference's own order gives in float64, and not one
+    lucky draw either."""
     scale = check_inputs(q, k, v, scale)
     h = q.shape[-1] // 2
     orders = [
-        (_scores(q.flip(-1), k.flip(-1), scale, causal), False),
-        (_scores(q * scale, k, 1.0, causal), True),
-        (_scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal), False),
+        (_scores(q.flip(-1), k.flip(-1), scale, causal), False, torch.exp),
+        (_scores(q * scale, k, 1.0, causal), True, torch.exp),
+        (_scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal), False,
+         torch.exp),
+        (_scores(q, k, scale * math.log2(math.e), causal), False, torch.exp2),
     ]
-    return [_softmax_v(s, v, normalize_first) for s, normalize_first in orders]
+    return [_softmax_v(s, v, normalize_first, exp) for s, normalize_first, exp in orders]
 
 
 def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float | None = None) -> float:
@@ -54,7 +62,7 @@ def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float 
     q64, k64, v64 = q.double(), k.double(), v.double()
     s = _scores(q64, k64, scale, causal)  # (B, Hkv, G, Nq, Nk)
     ds = gamma * abs(scale) * _scores(q64.abs(), k64.abs(), 1.0, False) + u * s.abs().nan_to_num(0, 0, 0)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    p = _softmax_rows(s)
     o = p @ v64[:, :, None]  # (B, Hkv, G, Nq, d)
     spread = (v64[:, :, None, None] - o[..., None, :]).abs()  # (B, Hkv, G, Nq, Nk, d): |v_j - o_i|
     first_order = ((p * ds)[..., None] * spread).sum(dim=-2)  # (B, Hkv, G, Nq, d)
@@ -66,9 +74,15 @@ def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float 
     return torch.where(first_order > 0, first_order * growth, 0).minimum(hull).max().item()
 
 
-def _softmax_v(s: torch.Tensor, v: torch.Tensor, normalize_first: bool) -> torch.Tensor:
+def _softmax_rows(s: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dim; a row that sees no key (all -inf) is 0, as the contract says.  Not
+    nan_to_num: a NaN that came from the inputs stays NaN, never a silent 0."""
+    return torch.where((s == float("-inf")).all(dim=-1, keepdim=True), 0.0, torch.softmax(s, dim=-1))
+
+
+def _softmax_v(s: torch.Tensor, v: torch.Tensor, normalize_first: bool, exp=torch.exp) -> torch.Tensor:
     m = s.amax(dim=-1, keepdim=True)
-    p = torch.exp(s - torch.where(torch.isfinite(m), m, 0))  # (B, Hkv, G, Nq, Nk)
+    p = exp(s - torch.where(torch.isfinite(m), m, 0))  # (B, Hkv, G, Nq, Nk)
     l = p.sum(dim=-1, keepdim=True)  # noqa: E741
     l = torch.where(l > 0, l, 1)  # noqa: E741 - rows that see no key stay 0
     out = (p / l) @ v[:, :, None] if normalize_first else (p @ v[:, :, None]) / l  # (B, Hkv, G, Nq, d)
@@ -93,12 +107,16 @@ def attention_lse64(q, k, v, *, causal: bool = False, scale: float | None = None
 
 
 def attention_lse_plain(q, k, v, *, causal: bool = False, scale: float | None = None) -> list[torch.Tensor]:
-    """L carried out in the inputs' own dtype, in the three score orders of `attention_plain`."""
+    """L carried out in the inputs' own dtype, in the four score orders of `attention_plain`."""
     scale = check_inputs(q, k, v, scale)
     h = q.shape[-1] // 2
     orders = [_scores(q.flip(-1), k.flip(-1), scale, causal), _scores(q * scale, k, 1.0, causal),
               _scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal)]
-    return [torch.logsumexp(s, dim=-1).reshape(q.shape[:-1]) for s in orders]  # (B, H, Nq)
+    s2 = _scores(q, k, scale * math.log2(math.e), causal)  # base 2: L = ln 2 * (m2 + log2 sum 2^(s2 - m2))
+    m2 = s2.amax(dim=-1, keepdim=True)
+    m2 = torch.where(torch.isfinite(m2), m2, 0)  # rows that see no key: log2(0) = -inf below
+    base2 = (torch.exp2(s2 - m2).sum(dim=-1, keepdim=True).log2() + m2) * math.log(2)
+    return [torch.logsumexp(s, dim=-1).reshape(q.shape[:-1]) for s in orders] + [base2.reshape(q.shape[:-1])]
 
 
 def attention_backward64(q, k, v, do, *, causal: bool = False, scale: float | None = None):
@@ -142,7 +160,7 @@ def attention_backward_plain(q, k, v, o, lse, do, *, causal: bool = False, scale
     grads = []
     for n, (cut, delta) in enumerate(orders):
         if delta == "P.dP":
-            p = torch.softmax(_scores(q * scale, k, 1.0, causal), dim=-1).nan_to_num(0.0)  # (B, Hkv, G, Nq, Nk)
+            p = _softmax_rows(_scores(q * scale, k, 1.0, causal))  # (B, Hkv, G, Nq, Nk)
         else:  # FlashAttention: P recomputed from L; exp(-inf) = 0 on hidden keys and rows that see none
             s = (dot(cut, qg, kg) * scale).masked_fill(hidden, float("-inf"))  # (B, Hkv, G, Nq, Nk)
             p = torch.exp(s - torch.where(torch.isfinite(L), L, 0)).to(q.dtype)
@@ -167,7 +185,7 @@ def attention_backward_plain(q, k, v, o, lse, do, *, causal: bool = False, scale
 def attention_probs64(q, k, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """P = softmax(scale q k^T) in float64, (B, Hkv, G, Nq, Nk); rows that see no key are 0."""
     scale = check_inputs(q, k, k, scale)
-    return torch.softmax(_scores(q.double(), k.double(), scale, causal), dim=-1).nan_to_num(0.0)
+    return _softmax_rows(_scores(q.double(), k.double(), scale, causal))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +199,21 @@ def quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | N
     s = blocks.abs().amax(dim=-1) / qmax(bits)  # (R, G)
     q = torch.where(s[..., None] > 0, blocks / s[..., None], 0.0).round()
     return Quantized(q.reshape(rows, cols).to(torch.int64), s)
+
+
+def zero_point_quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> Quantized:
+    """Asymmetric quantization from the contract's definition, in float64: s = (max(w, 0) - min(w, 0)) /
+    (2^b - 1) and z = round(-min(w, 0) / s) per group (z = 0 where s = 0), codes clamp(round(w / s) + z)."""
+    w = w.double()
+    rows, cols = w.shape
+    blocks = {"tensor": w.reshape(1, 1, -1), "channel": w.reshape(rows, 1, cols),
+              "group": w.reshape(rows, cols // (group_size or 1), -1)}[granularity]  # (R, G, elements per scale)
+    lo, hi = blocks.amin(dim=-1).clamp(max=0), blocks.amax(dim=-1).clamp(min=0)  # (R, G)
+    s = (hi - lo) / (2**bits - 1)
+    safe = torch.where(s > 0, s, 1.0)
+    z = torch.round(-lo / safe)  # (R, G)
+    q = (torch.round(blocks / safe[..., None]) + z[..., None]).clamp(0, 2**bits - 1)  # (R, G, elements per scale)
+    return Quantized(q.reshape(rows, cols).to(torch.int64), s, z.to(torch.int64))
 
 
 def smoothing_factors64(act_absmax: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -293,11 +326,11 @@ def gpt_logits64(model, seq: torch.Tensor, kv_bits: int | None = None) -> torch.
 
 
 def gpt_logits_plain(model, seq: torch.Tensor) -> list[torch.Tensor]:
-    """The full forward in the model's own dtype, with attention in attention_plain's three orders."""
+    """The full forward in the model's own dtype, with attention in each of attention_plain's orders."""
     with torch.no_grad():
         return [model.forward_with(seq[None], None,
                                    lambda layer, q, k, v, i=i: attention_plain(q, k, v, causal=True)[i])[0]
-                for i in range(3)]
+                for i in range(PLAIN_ORDERS)]
 
 
 def _absmax_roundtrip(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -112,11 +112,17 @@ def kill_mutant(mutant: Impl, props: list[Property], *, profile: str, all_proper
 
 
 def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):  # Hypothesis found several distinct failures: name the first
+        return f"{len(exc.exceptions)} distinct failures; the first: {_first_line(exc.exceptions[0])}"[:400]
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]
 
 
 def _counterexample(exc: BaseException) -> str:
+    """The failing example Hypothesis attached to the exception; one per failure when it found several."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "\n\n".join(f"failure {i} of {len(exc.exceptions)}: {_first_line(sub)}\n{_counterexample(sub)}"
+                           for i, sub in enumerate(exc.exceptions, 1))
     notes = [n for n in getattr(exc, "__notes__", []) if "These lines were always" not in n
              and not n.lstrip().startswith(("Explanation:", "/"))]
     text = "\n".join(notes)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from harness.contracts.attention import call, causal_allowed
 from harness.devices import available, unavailable_reason
-from harness.guard import ContractViolation, guarded_call
+from harness.guard import ContractViolation, call_limit, guarded_call, names_argument
 from harness.references import attention64, attention_plain, attention_score_conditioning
 from harness.runner import applies, needs_dtype
 from harness.strategies import AttentionCase, attention_cases, score_blocks
@@ -115,12 +115,41 @@ def test_rows_are_convex_combinations_of_values(impl, data):
                                 f"{(~inside).nonzero()[0].tolist()} (slack {slack:.3g})")
 
 
+@applies(unavailable_reason)
+@applies(lambda impl: impl.cap("nan_caveat") and f"{impl.name} declares a NaN caveat: {impl.cap('nan_caveat')}")
+@given(data=st.data(), where=st.sampled_from(["q", "k", "v"]))
+def test_nan_inputs_propagate(impl, data, where):
+    """A NaN in q, k or v reaches every output entry that reads it as NaN (or the call is rejected with a
+    ValueError naming the argument): never a finite answer.  Masking "rows that see no key" by testing
+    l > 0 is the classic way to turn a NaN into a silent 0.  No mask here, so every row reads every key."""
+    case = draw_case(data, impl, causal=False)
+    q, k, v = case.tensors()
+    bad = {"q": q, "k": k, "v": v}[where]
+    b, h, n, c = (data.draw(st.integers(0, size - 1), label=f"NaN at dim {i}") for i, size in enumerate(bad.shape))
+    bad[b, h, n, c] = float("nan")
+    try:
+        out = guarded_call(impl.fn, q, k, v, causal=False, scale=case.scale, arg_names=("q", "k", "v"),
+                           timeout_s=call_limit(impl))
+    except ContractViolation as exc:
+        cause = exc.__cause__
+        assert isinstance(cause, ValueError) and names_argument(str(cause), where), (
+            f"{impl.name}: NaN in {where}: {exc}, not a ValueError naming {where}")
+        return
+    G = case.H // case.Hkv
+    reads = {"q": (b, h, n), "k": (b, slice(h * G, (h + 1) * G)), "v": (b, slice(h * G, (h + 1) * G), slice(None), c)}
+    touched = out[reads[where]]
+    assert not bool(torch.isfinite(touched).any()), (
+        f"{impl.name}: a NaN in {where}[{b}, {h}, {n}, {c}] gave finite output entries "
+        f"(e.g. {touched[torch.isfinite(touched)][:3].tolist()}) where every entry reads it")
+
+
 BAD_INPUTS = {
     "heads not divisible": ((1, 3, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
     "head dim mismatch": ((1, 2, 4, 8), (1, 2, 4, 7), (1, 2, 4, 7)),
     "q not 4-d": ((2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
     "k/v shape mismatch": ((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 5, 8)),
     "batch mismatch": ((2, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
+    "head dim 0": ((1, 2, 4, 0), (1, 2, 4, 0), (1, 2, 4, 0)),
 }
 
 
@@ -134,8 +163,7 @@ def test_rejects_bad_input(impl):
         except ContractViolation as exc:
             cause = exc.__cause__
             assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
-            names_arg = any(arg in str(cause) for arg in ("q", "k", "v"))
-            assert names_arg, f"{impl.name} ({name}): '{cause}' names no argument"
+            assert names_argument(str(cause), "q", "k", "v"), f"{impl.name} ({name}): '{cause}' names no argument"
         else:
             raise AssertionError(f"{impl.name} accepted bad input ({name}) and returned a result instead of raising")
 

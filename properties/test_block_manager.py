@@ -40,6 +40,7 @@ class ShadowStorage:
         self.gpu = [[None] * B for _ in range(geometry.num_blocks)]
         self.cpu = [[None] * B for _ in range(geometry.num_cpu_blocks)]
         self.kv_of, self.ref_count, self.violations = kv_of, None, []
+        self.writes = 0  # token KVs computed so far: allocate must compute exactly those it did not find cached
 
     def _into(self, pool, block, what):
         if not (isinstance(block, int) and 0 <= block < len(pool)):
@@ -50,6 +51,7 @@ class ShadowStorage:
 
     def write(self, block, offset, seq_id, position):
         self._into(self.gpu, block, "write")[offset] = self.kv_of(seq_id, position)
+        self.writes += 1
 
     def copy(self, src, dst):
         self._into(self.gpu, dst, "copy")[:] = self.gpu[src]
@@ -81,14 +83,22 @@ def machine_for(impl: Impl, checks: frozenset[str]):
 
         def _allocate(self, sid, tokens):
             self.shadow[sid] = list(tokens)
-            free = self.m.num_free_blocks()
+            free, promised, writes = self.m.num_free_blocks(), self.m.lookup_prefix(list(tokens)), self.storage.writes
             try:
                 cached = self.m.allocate(sid, list(tokens))
             except OutOfBlocks:
                 del self.shadow[sid]
                 assert free < -(-len(tokens) // self.B), f"allocate raised OutOfBlocks with {free} blocks free"
                 return False
+            except BaseException:
+                del self.shadow[sid]  # not allocated: teardown must not free it and hide this error behind its own
+                raise
             assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"allocate reported {cached} cached"
+            if "bookkeeping" in checks:  # the simulator counts recomputed tokens from these two numbers
+                assert cached == promised, f"lookup_prefix promised {promised} tokens, allocate reported {cached}"
+                computed = self.storage.writes - writes
+                assert computed == len(tokens) - cached, (
+                    f"allocate reported {cached} of {len(tokens)} tokens cached but computed {computed}")
             self.history.append(list(tokens))
             return True
 

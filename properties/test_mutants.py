@@ -1,4 +1,5 @@
-"""Every registered mutant must be killed, and by the property its bug declares.
+"""Every registered mutant must be killed, and by the property its bug declares -- by what it computes:
+a mutant that crashes (the declared killer fails with "raised ...") models no bug the property finds.
 
 Runs the same property functions the CLI runs, through harness.runner, so `pytest` and
 `python -m harness mutants` agree.
@@ -24,3 +25,7 @@ def test_mutant_is_killed_for_the_right_reason(mutant):
     assert set(killers) & set(mutant.killed_by), (
         f"mutant {mutant.name} ({mutant.bug}) survived its declared killers {mutant.killed_by}; "
         f"killed by: {killers or 'nothing'}")
+    crashes = [v for v in verdicts if v.status == "FAIL" and v.property in mutant.killed_by
+               and "ContractViolation: raised " in v.message]
+    assert len(crashes) < len(set(killers) & set(mutant.killed_by)), (
+        f"mutant {mutant.name} crashed instead of computing its bug: {crashes[0].message}")

@@ -12,10 +12,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.contracts.quantization import call, code_range, dequantize, qmax, step_per_element
+from harness.contracts.quantization import call, code_range, dequantize, qmax, scale_shape, step_per_element
 from harness.devices import available, unavailable_reason
-from harness.guard import ContractViolation, guarded_call
-from harness.references import quantize64
+from harness.guard import ContractViolation, guarded_call, names_argument
+from harness.references import quantize64, zero_point_quantize64
 from harness.runner import applies
 from harness.strategies import QuantCase, quant_cases
 from harness.tolerance import FLOAT64_IDENTITY, TOLERANCES, dtype_of
@@ -25,6 +25,15 @@ TECHNIQUE = "quantization"
 
 def symmetric(impl) -> str | None:
     return None if impl.cap("symmetric", True) else f"{impl.name} is asymmetric (zero point): no absmax round trip"
+
+
+def asymmetric(impl) -> str | None:
+    return None if not impl.cap("symmetric", True) else f"{impl.name} is symmetric (absmax_round_trips checks it)"
+
+
+def scale_rtol(dtype: torch.dtype) -> float:
+    """Relative error allowed in a scale computed in dtype: a few roundings (the table's "quantize" floor)."""
+    return TOLERANCES[("quantize", dtype)].floor
 
 
 def draw_case(data, impl, **kw) -> QuantCase:
@@ -65,7 +74,7 @@ def test_seed_example_4bit(impl):
     dtype = dtype_of("float32" if "float32" in impl.dtypes else impl.dtypes[0])
     w = torch.tensor([[0.323, -0.2, 0.1, -0.05, 0.03]], dtype=dtype)
     qt = call(impl, w, bits=4, granularity="tensor")
-    assert abs(qt.scale.item() - 0.323 / 7) <= 4 * torch.finfo(dtype).eps, f"{impl.name}: step {qt.scale.item()}"
+    assert abs(qt.scale.item() - 0.323 / 7) <= scale_rtol(dtype), f"{impl.name}: step {qt.scale.item()}"
     assert qt.codes.tolist() == [[7, -4, 2, -1, 1]], f"{impl.name}: codes {qt.codes.tolist()}"
 
 
@@ -95,7 +104,7 @@ def test_absmax_round_trips(impl, data):
     qt = quantize_case(impl, case, w)
     truth = quantize64(w, case.bits, case.granularity, case.group_size)
     scale_err = (qt.scale.double() - truth.scale).abs().max().item()
-    assert scale_err <= 4 * torch.finfo(w.dtype).eps * truth.scale.abs().max().item(), (
+    assert scale_err <= scale_rtol(w.dtype) * truth.scale.abs().max().item(), (
         f"{impl.name}: scales differ from max|w| / {qmax(case.bits)} by {scale_err:.3g}")
     group_max = step_per_element(quantize64(w, 2, case.granularity, case.group_size))  # qmax(2) = 1: s = max|w|
     at_peak = (w.double().abs() == group_max) & (group_max > 0)  # (rows, cols): each group's absmax element(s)
@@ -109,6 +118,35 @@ def test_absmax_round_trips(impl, data):
 
 
 @applies(unavailable_reason)
+@applies(asymmetric)
+@given(data=st.data())
+def test_zero_point_scales_match_reference(impl, data):
+    """Asymmetric: every group's scale is (max(w, 0) - min(w, 0)) / (2^b - 1) and its zero point
+    round(-min(w, 0) / s), as the contract defines them (float64 reference).  The half-step error bound
+    alone cannot see a wrong scale: it is measured against the implementation's own step.  A zero point
+    may differ by one only where -min(w, 0) / s lies within the scale's rounding of a tie."""
+    case = draw_case(data, impl)
+    w = case.tensor()
+    qt = quantize_case(impl, case, w)
+    truth = zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
+    used = truth.scale > 0  # all-zero groups may carry any finite scale (test_all_zero_groups_give_zeros)
+    rtol = scale_rtol(w.dtype)
+    scale_err = ((qt.scale.double() - truth.scale).abs() / truth.scale.clamp(min=1e-300))[used]
+    assert not bool((scale_err > rtol).any()), (
+        f"{impl.name}: a scale differs from (max(w, 0) - min(w, 0)) / {2**case.bits - 1} by "
+        f"{scale_err.max().item():.3g} (relative) at group {used.nonzero()[int(scale_err.argmax())].tolist()}")
+    assert qt.zero is not None, f"{impl.name} declares symmetric=False but returns no zero point"
+    lo = w.double().reshape(*scale_shape(w, case.granularity, case.group_size), -1).amin(dim=-1).clamp(max=0)
+    raw = -lo / truth.scale.clamp(min=1e-300)  # (R, G): the zero point before rounding
+    near_tie = ((raw - raw.floor() - 0.5).abs() <= rtol * (raw + 1)) & used
+    off = (qt.zero.to(torch.int64) - truth.zero).abs()
+    bad = used & ((off > 1) | ((off == 1) & ~near_tie))
+    assert not bool(bad.any()), (
+        f"{impl.name}: zero point {qt.zero[bad][0].item()} where round(-min(w, 0) / s) = {truth.zero[bad][0].item()} "
+        f"at group {bad.nonzero()[0].tolist()}")
+
+
+@applies(unavailable_reason)
 @given(data=st.data())
 def test_requantize_is_identity(impl, data):
     """q(dq(q(w))) = q(w): the dequantized tensor is already on the grid, with the same scales."""
@@ -118,7 +156,7 @@ def test_requantize_is_identity(impl, data):
     assert torch.equal(again.codes.to(torch.int64), qt.codes.to(torch.int64)), (
         f"{impl.name}: requantizing changed {(again.codes != qt.codes).sum().item()} codes")
     rel = ((again.scale.double() - qt.scale.double()).abs() / qt.scale.double().clamp(min=1e-300)).max().item()
-    assert rel <= 4 * torch.finfo(qt.scale.dtype).eps, f"{impl.name}: requantizing changed scales by {rel:.3g}"
+    assert rel <= scale_rtol(qt.scale.dtype), f"{impl.name}: requantizing changed scales by {rel:.3g}"
 
 
 @applies(unavailable_reason)
@@ -134,7 +172,7 @@ def test_positive_rescaling(impl, data, power, factor):
     assert torch.equal(scaled.codes.to(torch.int64), qt.codes.to(torch.int64)), (
         f"{impl.name}: scaling w by {c:g} changed {(scaled.codes != qt.codes).sum().item()} codes")
     err = (scaled.scale.double() - c * qt.scale.double()).abs().max().item()
-    assert err <= 4 * torch.finfo(w.dtype).eps * c * qt.scale.double().abs().max().item(), (
+    assert err <= scale_rtol(w.dtype) * c * qt.scale.double().abs().max().item(), (
         f"{impl.name}: scales of c*w differ from c * scales by {err:.3g} (c = {c:g})")
 
 
@@ -147,7 +185,7 @@ def test_granularity_bounds_nest(impl, data):
     steps = {gran: step_per_element(quantize_case(impl, case, w, granularity=gran,
                                                   group_size=case.group_size if gran == "group" else None)).double()
              for gran in ("group", "channel", "tensor")}
-    tol = 1 + 4 * torch.finfo(w.dtype).eps
+    tol = 1 + scale_rtol(w.dtype)
     for fine, coarse in (("group", "channel"), ("channel", "tensor")):
         bad = steps[fine] > steps[coarse] * tol
         assert not bool(bad.any()), (f"{impl.name}: {fine} step {steps[fine][bad][0].item():.4g} exceeds the "
@@ -187,7 +225,7 @@ def test_rejects_bad_input(impl):
         except ContractViolation as exc:
             cause = exc.__cause__
             assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
-            assert arg in str(cause), f"{impl.name} ({name}): '{cause}' does not name {arg!r}"
+            assert names_argument(str(cause), arg), f"{impl.name} ({name}): '{cause}' does not name {arg!r}"
         else:
             raise AssertionError(f"{impl.name} accepted bad input ({name}) instead of raising")
 

@@ -47,6 +47,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
         raise ValueError(f"attention: k has batch {Bk} but q has batch {B}")
     if dk != d:
         raise ValueError(f"attention: k has head dim {dk} but q has head dim {d}")
+    if d == 0:
+        raise ValueError("attention: q's head dim d must be at least 1, got 0")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"attention: q's {H} heads must be a multiple of k/v's {Hkv} heads")
     if not (q.dtype == k.dtype == v.dtype):

@@ -53,6 +53,9 @@ def check_backward_inputs(q, k, v, o, lse, do, scale: float | None = None) -> fl
     if lse.shape != q.shape[:-1] or lse.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"attention_backward: lse must be float32/float64 of shape {tuple(q.shape[:-1])} (B, H, Nq), "
                          f"got {tuple(lse.shape)} {lse.dtype}")
+    if lse.numel() and bool((lse.isnan() | (lse == float("inf"))).any()):  # O(B H Nq): one cheap pass
+        raise ValueError("attention_backward: lse must be finite, or -inf on rows that see no key; it holds NaN "
+                         "or +inf (a NaN L would be read as 'no key' and give finite, wrong gradients)")
     return scale
 
 

@@ -29,7 +29,7 @@ import math
 import torch
 
 from harness.contracts import Technique, define
-from harness.guard import check_tensor, guarded_call
+from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
 KVCACHE = define(
@@ -136,17 +136,18 @@ def check_step(tokens, lengths: torch.Tensor | None, vocab_size: int, max_len: i
 
 
 def make(impl: Impl, model, max_len: int):
-    return guarded_call(impl.fn, model, max_len, arg_names=("model", "max_len"))
+    return guarded_call(impl.fn, model, max_len, arg_names=("model", "max_len"), timeout_s=call_limit(impl))
 
 
 def prefill(impl: Impl, decoder, model, prompts: list[torch.Tensor]) -> torch.Tensor:
     """decoder.prefill under guard; the logits must be finite, (B, V), in the model's dtype."""
-    out = guarded_call(decoder.prefill, prompts, arg_names=("prompts",))
+    out = guarded_call(decoder.prefill, prompts, arg_names=("prompts",), timeout_s=call_limit(impl),
+                       hang_owner=impl.fn)
     return check_logits(impl, out, len(prompts), model)
 
 
 def step(impl: Impl, decoder, model, tokens: torch.Tensor) -> torch.Tensor:
-    out = guarded_call(decoder.step, tokens, arg_names=("tokens",))
+    out = guarded_call(decoder.step, tokens, arg_names=("tokens",), timeout_s=call_limit(impl), hang_owner=impl.fn)
     return check_logits(impl, out, len(tokens), model)
 
 

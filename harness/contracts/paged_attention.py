@@ -5,11 +5,12 @@
 * q: (B, H, Nq, d) -- Nq = 1 is decode, Nq > 1 prefill (or a chunk of it).
 * k_cache, v_cache: (num_blocks, Hkv, block_size, d), H divisible by Hkv (query head h reads kv head
   h // (H // Hkv)).
-* block_tables: (B, max_blocks) integer; sequence b's key j lives at
-  k_cache[block_tables[b, j // block_size], :, j % block_size].
-* seq_lens: (B,) integer, 1 <= seq_lens[b] <= max_blocks * block_size.  Slots past seq_lens[b] in the
-  last block, and table entries past its last block, are garbage (NaN in the tests): never let them
-  reach the output.
+* block_tables: (B, max_blocks) int32 or int64; sequence b's key j lives at
+  k_cache[block_tables[b, j // block_size], :, j % block_size].  Every entry is a valid block index,
+  also past a sequence's last block (pad with any block, e.g. 0, not -1).
+* seq_lens: (B,) int32 or int64, 1 <= seq_lens[b] <= max_blocks * block_size.  Slots past seq_lens[b]
+  in the last block, and the blocks that table entries past its last block point to, hold garbage (NaN
+  in the tests): never let them reach the output.
 * Per sequence the result is the attention contract's softmax(q k^T * scale) v over its seq_lens[b]
   keys, causal aligned bottom-right (query i sees key j iff j <= i + seq_lens[b] - Nq); a query row that
   sees no key returns zeros.  The output has q's shape, dtype and device; inputs are left unchanged.
@@ -23,7 +24,7 @@ import math
 import torch
 
 from harness.contracts import Technique, define
-from harness.guard import check_tensor, guarded_call
+from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
 PAGED_ATTENTION = define(
@@ -46,13 +47,16 @@ def check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale=None) -> flo
         if t.dim() != 4:
             raise ValueError(f"paged_attention: {name} must have 4 dims, got shape {tuple(t.shape)}")
     for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise TypeError(f"paged_attention: {name} must be an integer torch.Tensor")
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"paged_attention: {name} must be an int32 or int64 torch.Tensor, got {got}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"paged_attention: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
     (B, H, _, d), (num_blocks, Hkv, block_size, dk) = q.shape, k_cache.shape
     if dk != d:
         raise ValueError(f"paged_attention: k_cache has head dim {dk} but q has {d}")
+    if d == 0:
+        raise ValueError("paged_attention: q's head dim d must be at least 1, got 0")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"paged_attention: q's {H} heads must be a multiple of k_cache's {Hkv} heads")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
@@ -90,5 +94,5 @@ def key_mask(seq_lens, Nq: int, Nk: int, causal: bool, offset: int = 0):
 def call(impl: Impl, q, k_cache, v_cache, block_tables, seq_lens, *, causal: bool, scale: float | None):
     """Call an implementation under guard and check the promised output."""
     out = guarded_call(impl.fn, q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale,
-                       arg_names=("q", "k_cache", "v_cache", "block_tables", "seq_lens"))
+                       arg_names=("q", "k_cache", "v_cache", "block_tables", "seq_lens"), timeout_s=call_limit(impl))
     return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)

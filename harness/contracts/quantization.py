@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from harness.contracts import Technique, define
-from harness.guard import ContractViolation, check_tensor, guarded_call
+from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
 QUANTIZATION = define(
@@ -103,7 +103,8 @@ def code_range(bits: int, symmetric: bool) -> tuple[int, int]:
 
 def call(impl: Impl, w: torch.Tensor, *, bits: int, granularity: str, group_size: int | None = None) -> Quantized:
     """Call a quantizer under guard and check the promised output (shapes, dtypes, finite scales)."""
-    out = guarded_call(impl.fn, w, bits=bits, granularity=granularity, group_size=group_size, arg_names=("w",))
+    out = guarded_call(impl.fn, w, bits=bits, granularity=granularity, group_size=group_size, arg_names=("w",),
+                       timeout_s=call_limit(impl))
     if not (isinstance(out, tuple) and len(out) in (2, 3)):
         raise ContractViolation(f"{impl.name}: returned {type(out).__name__}, expected Quantized(codes, scale, zero)")
     qt = Quantized(*out)

@@ -23,7 +23,7 @@ import torch
 
 from harness.contracts import Technique, define
 from harness.contracts.quantization import GRANULARITIES
-from harness.guard import check_tensor, guarded_call
+from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
 QUANTIZED_LINEAR = define(
@@ -82,6 +82,6 @@ def check_inputs(x: torch.Tensor, w: torch.Tensor, bits: int, calib: torch.Tenso
 
 
 def call(impl: Impl, x: torch.Tensor, w: torch.Tensor, *, bits: int, calib: torch.Tensor | None = None):
-    out = guarded_call(impl.fn, x, w, bits=bits, calib=calib, arg_names=("x", "w"))
+    out = guarded_call(impl.fn, x, w, bits=bits, calib=calib, arg_names=("x", "w"), timeout_s=call_limit(impl))
     return check_tensor(out, what=f"{impl.name} output", shape=(*x.shape[:-1], w.shape[0]), dtype=x.dtype,
                         device=x.device)

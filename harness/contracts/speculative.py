@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from harness.contracts import Technique, define
-from harness.guard import ContractViolation, guarded_call
+from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.lm import LM, check_distribution
 from harness.registry import Impl
 
@@ -63,9 +63,9 @@ class Generation:
 def check_inputs(target: LM, draft: LM | None, prompt: Sequence[int], gamma: int, max_new_tokens: int,
                  eos: int | None = None) -> None:
     """ValueError/TypeError naming the argument unless the call fits the contract."""
-    if not isinstance(gamma, int) or gamma < 1:
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"speculative: gamma must be an int >= 1, got {gamma!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"speculative: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     V = target.vocab_size
     if draft is not None and draft.vocab_size != V:
@@ -94,7 +94,7 @@ def call(impl: Impl, target: LM, draft: LM | None, prompt: list[int], *, gamma: 
          rng, eos: int | None = None) -> Generation:
     """Call an implementation under guard and check the promised output."""
     out = guarded_call(impl.fn, target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng,
-                       eos=eos, arg_names=("target", "draft", "prompt"))
+                       eos=eos, arg_names=("target", "draft", "prompt"), timeout_s=call_limit(impl))
     tokens = list(getattr(out, "tokens", out) if out is not None else [])
     if out is None or not all(isinstance(t, int) and 0 <= t < target.vocab_size for t in tokens):
         raise ContractViolation(f"{impl.name}: returned {out!r}, expected a Generation of token ids")

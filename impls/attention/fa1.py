@@ -40,7 +40,7 @@ def fa1_attention(q, k, v, *, causal=False, scale=None, Br=32, Bc=32):
             a, b = torch.exp(m_i - m_safe), torch.exp(m_t - m_safe)  # rescales of old O_i and of the new block
             l_new = a * l_i + b * p_t.sum(dim=-1)
             num = (a * l_i)[..., None] * O[..., i0:i1, :] + b[..., None] * (p_t @ Vj)
-            O[..., i0:i1, :] = torch.where(l_new[..., None] > 0, num / torch.where(l_new > 0, l_new, 1)[..., None], 0)
+            O[..., i0:i1, :] = torch.where(l_new[..., None] == 0, 0, num / torch.where(l_new == 0, 1, l_new)[..., None])
             l[..., i0:i1], m[..., i0:i1] = l_new, m_new
     return O.to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d)
 

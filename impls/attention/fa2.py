@@ -40,7 +40,7 @@ def fa2_attention(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):
             l = alpha * l + s.sum(dim=-1)  # noqa: E741
             acc = alpha[..., None] * acc + s @ vg[..., j0:j1, :].to(acc_t)
             m = m_new
-        out[..., i0:i1, :] = torch.where(l[..., None] > 0, acc / torch.where(l > 0, l, 1)[..., None], 0)
+        out[..., i0:i1, :] = torch.where(l[..., None] == 0, 0, acc / torch.where(l == 0, 1, l)[..., None])
     return out.reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 

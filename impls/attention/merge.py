@@ -43,7 +43,7 @@ def merge(a: Partial, b: Partial) -> Partial:
 def finalize(p: Partial) -> torch.Tensor:
     """o = acc / l; rows that saw no key (l = 0) give 0, as the attention contract requires."""
     l = p.l[..., None]  # noqa: E741
-    return torch.where(l > 0, p.acc / torch.where(l > 0, l, 1), 0)
+    return torch.where(l == 0, 0, p.acc / torch.where(l == 0, 1, l))
 
 
 def _finite(m: torch.Tensor) -> torch.Tensor:

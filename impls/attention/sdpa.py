@@ -3,6 +3,10 @@
 SDPA's own is_causal is aligned top-left, so when Nq != Nk an explicit bottom-right mask is
 passed; query rows that see no key (Nq > Nk) are zeroed as the contract requires (SDPA leaves
 them NaN or undefined).  The baseline every tiled implementation is measured against.
+
+Caveat, declared as ``nan_caveat``: on the CPU (torch 2.13) SDPA returns finite rows for a NaN in q
+or k when there are few keys (one key in float64, four in float32 at d = 8), where softmax's NaN
+should reach the output; found by test_nan_inputs_propagate.
 """
 
 import functools
@@ -14,7 +18,8 @@ from harness.contracts.attention import causal_allowed, check_inputs
 from harness.registry import register
 
 
-@register("attention", "sdpa", devices=("cpu", "cuda"), cite="PyTorch scaled_dot_product_attention")
+@register("attention", "sdpa", devices=("cpu", "cuda"), cite="PyTorch scaled_dot_product_attention",
+          caps={"nan_caveat": "torch's CPU SDPA returns finite rows for a NaN in q or k when Nk is small"})
 def sdpa_attention(q, k, v, *, causal=False, scale=None):
     scale = check_inputs(q, k, v, scale)
     (Nq, H), (Nk, Hkv) = (q.shape[2], q.shape[1]), (k.shape[2], k.shape[1])

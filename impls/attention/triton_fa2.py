@@ -56,10 +56,10 @@ def _kernel():
             v = tl.load(V + kv * Nk * d + cols[:, None] * d + dims[None, :], mask=kv_mask, other=0.0)
             acc = alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m = m_new
-        o = acc / tl.where(l > 0, l, 1.0)[:, None]  # rows that saw no key: acc = 0, o = 0
+        o = acc / tl.where(l == 0, 1.0, l)[:, None]  # rows that saw no key: acc = 0, o = 0 (NaN stays NaN)
         tl.store(O + bh * Nq * d + rows[:, None] * d + dims[None, :], o.to(O.dtype.element_ty),
                  mask=(rows[:, None] < Nq) & (dims[None, :] < d))
-        lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), float("-inf"))  # no key seen: L = -inf
+        lse = tl.where(l == 0, float("-inf"), m + tl.log(tl.where(l == 0, 1.0, l)))  # no key seen: L = -inf
         tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
     return triton, fa2_forward_kernel

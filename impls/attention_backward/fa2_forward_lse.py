@@ -41,7 +41,7 @@ def fa2_forward_lse(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):
             l = alpha * l + s.sum(dim=-1)  # noqa: E741
             acc = alpha[..., None] * acc + s @ vg[..., j0:j1, :].to(acc_t)
             m = m_new
-        out[..., i0:i1, :] = torch.where(l[..., None] > 0, acc / torch.where(l > 0, l, 1)[..., None], 0)
+        out[..., i0:i1, :] = torch.where(l[..., None] == 0, 0, acc / torch.where(l == 0, 1, l)[..., None])
         lse[..., i0:i1] = m + torch.log(l)  # l = 0 (no key seen) gives -inf
     return out.reshape(B, H, Nq, d), lse.reshape(B, H, Nq)  # (B, H, Nq, d), (B, H, Nq)
 

@@ -15,8 +15,8 @@ from harness.registry import register
 
 def absmax_scale(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> torch.Tensor:
     """Scales of shape (R, G) (see the contract) for a 2-d w."""
+    g = check_inputs(w, bits, granularity, group_size)  # before unpacking: a 1-d w gets the contract's error
     rows, cols = w.shape
-    g = check_inputs(w, bits, granularity, group_size)
     if granularity == "tensor":
         return (w.abs().amax() / qmax(bits)).reshape(1, 1)  # (1, 1)
     return w.reshape(rows, cols // g, g).abs().amax(dim=-1) / qmax(bits)  # (rows, G)
@@ -25,8 +25,8 @@ def absmax_scale(w: torch.Tensor, bits: int, granularity: str, group_size: int |
 def quantize_absmax(w: torch.Tensor, bits: int = 8, granularity: str = "channel",
                     group_size: int | None = None) -> Quantized:
     """Codes (int8) and scales; importable building block (the int8 KV cache and the linear layers use it)."""
+    s = absmax_scale(w, bits, granularity, group_size)  # (R, G); validates w first
     rows, cols = w.shape
-    s = absmax_scale(w, bits, granularity, group_size)  # (R, G)
     G = s.shape[1]
     safe = torch.where(s > 0, s, torch.ones_like(s))[:, :, None]  # all-zero group: 0 / 1 = 0, not 0 / 0
     q = torch.round(w.reshape(rows, G, cols // G) / safe).clamp(-qmax(bits), qmax(bits))  # (rows, G, g)

@@ -17,8 +17,8 @@ from impls.quantization.absmax import absmax_scale
 @register("quantization", "torch_fake_quant", devices=("cpu", "cuda"), dtypes=("float32",), exact=False,
           cite="Jacob et al. 2018, section 2.1 (PyTorch fake_quantize_per_channel_affine)", caps={"symmetric": True})
 def torch_fake_quant(w, *, bits, granularity="channel", group_size=None):
-    rows, cols = w.shape
     check_inputs(w, bits, granularity, group_size)
+    rows, cols = w.shape
     s = absmax_scale(w, bits, granularity, group_size)  # (R, G)
     R, G = s.shape
     channels = w.reshape(rows * G, cols // G)  # (rows * G, g): one fake-quant channel per scale

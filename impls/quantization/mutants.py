@@ -6,10 +6,11 @@ mutants are the float64-emulated W8A8 and LLM.int8() with one bug each.
 
 import torch
 
-from harness.contracts.quantization import Quantized, check_inputs, qmax
+from harness.contracts.quantization import Quantized, check_inputs, qmax, scale_shape
 from harness.registry import register
 from impls.quantization.llm_int8 import THRESHOLD, llm_int8_linear, outlier_columns
 from impls.quantization.w8a8_emulated import w8a8_emulated
+from impls.quantization.zeropoint import zeropoint
 
 QUANTIZER_BUGS = {
     "signed_max": ("scale from max(w) instead of max|w|: a group whose largest magnitude is negative "
@@ -24,8 +25,8 @@ QUANTIZER_BUGS = {
 
 
 def buggy_quantize(w, *, bits, granularity="channel", group_size=None, bug: str):
-    rows, cols = w.shape
     g = check_inputs(w, bits, granularity, group_size)
+    rows, cols = w.shape
     top = 2 ** (bits - 1) if bug == "clamp_2_pow_b_minus_1" else qmax(bits)
     source = w.t() if bug == "group_crosses_rows" and granularity == "group" else w  # (cols, rows) when buggy
     blocks = source.reshape(1, 1, -1) if granularity == "tensor" else source.reshape(-1, cols // g, g)  # (R, G, g)
@@ -45,6 +46,17 @@ for _bug, (_what, _killers) in QUANTIZER_BUGS.items():
              mutant=True, bug=_what, killed_by=_killers, caps={"symmetric": True})(
         lambda w, *, bits, granularity="channel", group_size=None, _bug=_bug: buggy_quantize(
             w, bits=bits, granularity=granularity, group_size=group_size, bug=_bug))
+
+
+@register("quantization", "mutant_zero_point_tensor_range", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
+          mutant=True, bug="a per-tensor min/max observer behind a per-channel / per-group API: every group gets "
+          "the whole tensor's scale and zero point, and rows of small weights lose their resolution",
+          killed_by=("zero_point_scales_match_reference",), caps={"symmetric": False}, exact=False)
+def mutant_zero_point_tensor_range(w, *, bits, granularity="channel", group_size=None):
+    check_inputs(w, bits, granularity, group_size)
+    qt = zeropoint(w, bits=bits, granularity="tensor")  # codes on the tensor's grid
+    shape = scale_shape(w, granularity, group_size)
+    return Quantized(qt.codes, qt.scale.expand(shape).contiguous(), qt.zero.expand(shape).contiguous())
 
 
 @register("quantized_linear", "mutant_zero_scale_nan", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
