@@ -38,8 +38,14 @@ def best_gamma(a: float, c: float, max_gamma: int = 64) -> tuple[int, float]:
 if __name__ == "__main__":
     import sys
 
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: python -m harness.speedup ALPHA C [VERIFY]  (acceptance rate in [0, 1], draft cost > 0)")
     a, c = float(sys.argv[1]), float(sys.argv[2])
     verify = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0  # a verify call's cost in one-token steps
+    if not 0 <= a <= 1:
+        sys.exit(f"ALPHA is an acceptance rate, in [0, 1]; got {a}")
+    if not (c > 0 and verify > 0):
+        sys.exit(f"C (a draft step's cost) and VERIFY must be > 0; got {c} and {verify}")
     for g in range(1, 11):
         print(f"gamma={g:2d}  tokens/call={tokens_per_call(a, g):.2f}  speedup={speedup(a, g, c, verify):.2f}x")
     if verify == 1.0:

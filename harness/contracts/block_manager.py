@@ -44,7 +44,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from harness.contracts import Technique, define
-from harness.guard import ContractViolation
+from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.registry import Impl
 
 BLOCK_MANAGER = define(
@@ -116,8 +116,11 @@ def check_tokens(tokens: Any) -> list[int]:
     return list(tokens)
 
 
-def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, num_cpu_blocks: int = 0):
-    """Build a manager from an implementation and check it offers every method of the contract."""
+def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, num_cpu_blocks: int = 0,
+                 timed: bool = True):
+    """Build a manager from an implementation and check it offers every method of the contract.  ``timed``:
+    each call under the per-call limit (a thread per call; the serving simulator, which times the
+    scheduler, passes False)."""
     try:
         manager = impl.fn(num_blocks, block_size, storage, num_cpu_blocks=num_cpu_blocks)
     except Exception as exc:
@@ -125,4 +128,29 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
     missing = [m for m in METHODS if not callable(getattr(manager, m, None))]
     if missing:
         raise ContractViolation(f"{impl.name}: the manager lacks the contract's method(s) {missing}")
-    return manager
+    return TimedManager(impl, manager) if timed else manager
+
+
+class TimedManager:
+    """The manager, each contract method called under the implementation's per-call time limit: a hang
+    is a verdict at once ("hung: ..."), not the whole process's limit.  What a method raises (OutOfBlocks,
+    ValueError, KeyError) reaches the caller unchanged."""
+
+    def __init__(self, impl: Impl, manager: Any):
+        self._impl, self._manager = impl, manager
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._manager, name)
+        if name not in METHODS:
+            return method
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return guarded_call(method, *args, timeout_s=call_limit(self._impl), hang_owner=self._impl.fn,
+                                    **kwargs)
+            except ContractViolation as exc:
+                if isinstance(exc.__cause__, Exception):  # the method raised: that exception is the answer
+                    raise exc.__cause__ from None
+                raise
+
+        return timed

@@ -77,8 +77,12 @@ def check_inputs(x: torch.Tensor, w: torch.Tensor, bits: int, calib: torch.Tenso
         raise ValueError(f"quantized_linear: x's last dim must be w's in-features {w.shape[1]}, got {tuple(x.shape)}")
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
         raise ValueError(f"quantized_linear: bits must be an integer in 2..8, got {bits!r}")
+    if calib is not None and not isinstance(calib, torch.Tensor):
+        raise TypeError(f"quantized_linear: calib must be a torch.Tensor or None, got {type(calib).__name__}")
     if calib is not None and (calib.dim() != 2 or calib.shape[1] != w.shape[1]):
         raise ValueError(f"quantized_linear: calib must be (n, {w.shape[1]}), got {tuple(calib.shape)}")
+    if calib is not None and not bool(torch.isfinite(calib).all()):
+        raise ValueError("quantized_linear: calib holds NaN or inf values (SmoothQuant would silently stop smoothing)")
 
 
 def call(impl: Impl, x: torch.Tensor, w: torch.Tensor, *, bits: int, calib: torch.Tensor | None = None):

@@ -92,7 +92,7 @@ class Paged:
         self.B, self.swap, self.name = block_size, swap, f"paged{block_size}" + ("_swap" if swap else "")
         self.budget = budget
         self.m = open_manager(get("block_manager", impl), budget // block_size, block_size, NullStorage(),
-                              num_cpu_blocks=cpu_budget // block_size if swap else 0)
+                              num_cpu_blocks=cpu_budget // block_size if swap else 0, timed=False)
         self.watermark = int(watermark * (budget // block_size))  # blocks kept free at admission (vLLM's default 1%)
 
     @staticmethod
