@@ -7,7 +7,7 @@ import math
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from harness.contracts.quantization import Quantized, dequantize, qmax, step_per_element
+from harness.contracts.quantization import Quantized, dequantize, qmax, scale_shape, step_per_element
 from harness.contracts.quantized_linear import Scheme
 
 
@@ -194,8 +194,7 @@ def quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | N
     """Symmetric absmax from the definition, in float64: s = max|w| / (2^(b-1) - 1), q = round(w / s)."""
     w = w.double()
     rows, cols = w.shape
-    blocks = {"tensor": w.reshape(1, 1, -1), "channel": w.reshape(rows, 1, cols),
-              "group": w.reshape(rows, cols // (group_size or 1), -1)}[granularity]  # (R, G, elements per scale)
+    blocks = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
     s = blocks.abs().amax(dim=-1) / qmax(bits)  # (R, G)
     q = torch.where(s[..., None] > 0, blocks / s[..., None], 0.0).round()
     return Quantized(q.reshape(rows, cols).to(torch.int64), s)
@@ -206,8 +205,7 @@ def zero_point_quantize64(w: torch.Tensor, bits: int, granularity: str, group_si
     (2^b - 1) and z = round(-min(w, 0) / s) per group (z = 0 where s = 0), codes clamp(round(w / s) + z)."""
     w = w.double()
     rows, cols = w.shape
-    blocks = {"tensor": w.reshape(1, 1, -1), "channel": w.reshape(rows, 1, cols),
-              "group": w.reshape(rows, cols // (group_size or 1), -1)}[granularity]  # (R, G, elements per scale)
+    blocks = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
     lo, hi = blocks.amin(dim=-1).clamp(max=0), blocks.amax(dim=-1).clamp(min=0)  # (R, G)
     s = (hi - lo) / (2**bits - 1)
     safe = torch.where(s > 0, s, 1.0)
