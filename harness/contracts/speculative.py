@@ -61,8 +61,11 @@ class Generation:
 
 
 def check_inputs(target: LM, draft: LM | None, prompt: Sequence[int], gamma: int, max_new_tokens: int,
-                 eos: int | None = None) -> None:
-    """ValueError/TypeError naming the argument unless the call fits the contract."""
+                 eos: int | None = None, *, needs_draft: bool = True) -> None:
+    """ValueError/TypeError naming the argument unless the call fits the contract (``needs_draft``: the
+    sampler reads ``draft``, so None is an error, not an AttributeError later)."""
+    if needs_draft and draft is None:
+        raise TypeError("speculative: draft must be a model (a callable with vocab_size), got None")
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"speculative: gamma must be an int >= 1, got {gamma!r}")
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -86,6 +89,9 @@ class validated:  # noqa: N801 - used like a function: validated(target, "target
         p = self.lm(prefixes, n)
         if not getattr(p, "checked_distribution", False):  # the enumerator's memoized rows are checked once
             check_distribution(p, self.name)
+            if p.shape[-1] != self.vocab_size:  # a wider row would let a sampler emit an id past the vocabulary
+                raise ValueError(f"{self.name}: rows must have vocab_size = {self.vocab_size} entries, "
+                                 f"got shape {tuple(p.shape)}")
             p.checked_distribution = True
         return p
 

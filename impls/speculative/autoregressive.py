@@ -11,7 +11,7 @@ from harness.registry import register
 @register("speculative", "autoregressive", dtypes=("float64",),
           cite="the definition of sampling", caps={"draft": False})
 def autoregressive(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
-    check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
+    check_inputs(target, draft, prompt, gamma, max_new_tokens, eos, needs_draft=False)
     target = validated(target, "target")
     out, rounds = [], []
     while len(out) < max_new_tokens and (not out or out[-1] != eos):
