@@ -33,20 +33,21 @@ def names_argument(message: str, *args: str) -> bool:
 
 def guarded_call(
     fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
-    hang_owner: Any = None, **kwargs: Any,
+    hang_owner: Any = None, watch: dict[str, Any] | None = None, **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` in a worker thread; check it returned in time and left inputs alone.
 
     ``arg_names`` names the positional arguments in messages ("mutated its input q").  A hang is recorded
     against ``hang_owner`` (default: fn, or a bound method's function, shared by every instance) and every
     later call for that owner fails at once: pass the implementation's ``impl.fn`` when ``fn`` is a helper
-    that drives it, so the hang is charged to the implementation, not to the helper.
+    that drives it, so the hang is charged to the implementation, not to the helper.  ``watch`` names
+    objects the call must leave alone without receiving them (a model a stateful decoder holds).
     """
     key = id(hang_owner if hang_owner is not None else getattr(fn, "__func__", fn))
     if key in _hung:
         raise ContractViolation(_hung[key])
     named = {**dict(zip(arg_names, args, strict=False)), **{f"argument {i}": a for i, a in enumerate(args)
-                                                             if i >= len(arg_names)}, **kwargs}
+                                                             if i >= len(arg_names)}, **kwargs, **(watch or {})}
     before = [(path, t.clone()) for path, t in _tensors(named)]
     box = _alarmed(fn, args, kwargs, timeout_s) if _alarm_free() else _worker().run(fn, args, kwargs, timeout_s)
     if box is None:
@@ -173,6 +174,9 @@ def check_tensor(
 def _tensors(obj: Any, path: str = "input") -> Iterator[tuple[str, torch.Tensor]]:
     if isinstance(obj, torch.Tensor):
         yield path, obj
+    elif isinstance(obj, torch.nn.Module):  # its weights and buffers
+        for name, t in obj.state_dict(keep_vars=True).items():
+            yield f"{path}.{name}", t.detach()
     elif isinstance(obj, dict):
         for key, value in obj.items():
             yield from _tensors(value, f"{key!s}")

@@ -142,12 +142,13 @@ def make(impl: Impl, model, max_len: int):
 def prefill(impl: Impl, decoder, model, prompts: list[torch.Tensor]) -> torch.Tensor:
     """decoder.prefill under guard; the logits must be finite, (B, V), in the model's dtype."""
     out = guarded_call(decoder.prefill, prompts, arg_names=("prompts",), timeout_s=call_limit(impl),
-                       hang_owner=impl.fn)
+                       hang_owner=impl.fn, watch={"model": model})
     return check_logits(impl, out, len(prompts), model)
 
 
 def step(impl: Impl, decoder, model, tokens: torch.Tensor) -> torch.Tensor:
-    out = guarded_call(decoder.step, tokens, arg_names=("tokens",), timeout_s=call_limit(impl), hang_owner=impl.fn)
+    out = guarded_call(decoder.step, tokens, arg_names=("tokens",), timeout_s=call_limit(impl), hang_owner=impl.fn,
+                       watch={"model": model})
     return check_logits(impl, out, len(tokens), model)
 
 
