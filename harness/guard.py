@@ -8,7 +8,6 @@ still shrink the failing example without waiting out the limit every time.
 
 from __future__ import annotations
 
-import queue
 import re
 import signal
 import threading
@@ -49,7 +48,7 @@ def guarded_call(
     named = {**dict(zip(arg_names, args, strict=False)), **{f"argument {i}": a for i, a in enumerate(args)
                                                              if i >= len(arg_names)}, **kwargs, **(watch or {})}
     before = [(path, t.clone()) for path, t in _tensors(named)]
-    box = _alarmed(fn, args, kwargs, timeout_s) if _alarm_free() else _worker().run(fn, args, kwargs, timeout_s)
+    box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
     if box is None:
         _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
         raise ContractViolation(_hung[key])
@@ -94,46 +93,21 @@ def _alarmed(fn: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: float
         signal.signal(signal.SIGALRM, previous)
 
 
-class _Worker:
-    """Off the main thread (no SIGALRM there): a daemon thread that runs the calls handed to it, each
-    waited for with a time limit, one per calling thread.  A call that times out leaves its thread stuck
-    (and the implementation poisoned); the next call gets a new thread."""
+def _threaded(fn: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: float) -> dict[str, Any] | None:
+    """Off the main thread (no SIGALRM there): run ``fn`` in a daemon thread and wait ``timeout_s``; a hung
+    call leaves its thread behind (and the implementation poisoned)."""
+    box: dict[str, Any] = {}
 
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue | None = None
+    def work() -> None:
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            box["exc"] = exc
 
-    def run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: float) -> dict[str, Any] | None:
-        """{"out": result} or {"exc": exception}; None when ``fn`` did not return within ``timeout_s``."""
-        if self.jobs is None:
-            self.jobs = queue.SimpleQueue()
-            threading.Thread(target=self._serve, args=(self.jobs,), daemon=True, name="guarded-call").start()
-        box: dict[str, Any] = {}
-        done = threading.Event()
-        self.jobs.put((fn, args, kwargs, box, done))
-        if not done.wait(timeout_s):
-            self.jobs = None  # its thread is stuck inside fn
-            return None
-        return box
-
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue) -> None:
-        while True:
-            fn, args, kwargs, box, done = jobs.get()
-            try:
-                box["out"] = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller
-                box["exc"] = exc
-            done.set()
-
-
-_workers = threading.local()
-
-
-def _worker() -> _Worker:
-    """The calling thread's worker (a call made from inside a worker gets its own: no deadlock)."""
-    if not hasattr(_workers, "worker"):
-        _workers.worker = _Worker()
-    return _workers.worker
+    worker = threading.Thread(target=work, daemon=True, name=f"guarded:{getattr(fn, '__name__', fn)}")
+    worker.start()
+    worker.join(timeout_s)
+    return None if worker.is_alive() else box
 
 
 def call_limit(impl: Any) -> float:
