@@ -116,6 +116,21 @@ def call_limit(impl: Any) -> float:
     return impl.cap("call_limit_s", DEFAULT_TIMEOUT_S)
 
 
+def assert_rejected(impl: Any, case: str, *args: Any, names: tuple[str, ...], method: Callable[..., Any] | None = None,
+                    **kwargs: Any) -> None:
+    """``impl`` (or a ``method`` of an object it made) called with these arguments must raise ValueError/TypeError
+    whose message names one of ``names``, the argument at fault; a result, another error or a hang fails,
+    naming ``case``."""
+    try:
+        guarded_call(method or impl.fn, *args, timeout_s=call_limit(impl), hang_owner=impl.fn, **kwargs)
+    except ContractViolation as exc:
+        cause = exc.__cause__
+        assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({case}): {exc}, not a ValueError/TypeError"
+        assert names_argument(str(cause), *names), f"{impl.name} ({case}): '{cause}' names none of {', '.join(names)}"
+    else:
+        raise AssertionError(f"{impl.name} accepted bad input ({case}) and returned a result instead of raising")
+
+
 def hang_message(fn: Callable[..., Any]) -> str | None:
     """The recorded hang of ``fn``, if it ever exceeded the per-call limit."""
     return _hung.get(id(fn))

@@ -15,7 +15,7 @@ from harness.contracts.quantized_linear import Scheme
 # attention
 def attention64(q, k, v, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v in float64, straight from the definition; masked-out rows give 0."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     q, k, v = q.double(), k.double(), v.double()
     s = _scores(q, k, scale, causal)  # (B, Hkv, G, Nq, Nk)
     return (_softmax_rows(s) @ v[:, :, None]).reshape(q.shape)  # (B, H, Nq, d)
@@ -32,7 +32,7 @@ def attention_plain(q, k, v, *, causal: bool = False, scale: float | None = None
     The largest of their distances from the reference is an honest sample of that dtype's rounding
     error: never the zero that re-running the reference's own order gives in float64, and not one
     lucky draw either."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     h = q.shape[-1] // 2
     orders = [
         (_scores(q.flip(-1), k.flip(-1), scale, causal), False, torch.exp),
@@ -55,7 +55,7 @@ def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float 
     Any weights give a convex combination of the visible v_j, so max_j |v_j - o_i| caps the bound
     where e^(2 max|ds|) overflows (low precision at huge logits), and one visible key gives 0.
     """
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     u = torch.finfo(q.dtype).eps / 2
     d = q.shape[-1]
     gamma = d * u / (1 - d * u)
@@ -101,14 +101,14 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> tor
 # attention_backward
 def attention_lse64(q, k, v, *, causal: bool = False, scale: float | None = None):
     """(o, L) in float64: the forward output and L_i = logsumexp_j of the scaled, masked scores (-inf: no key)."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     s = _scores(q.double(), k.double(), scale, causal)  # (B, Hkv, G, Nq, Nk)
     return attention64(q, k, v, causal=causal, scale=scale), torch.logsumexp(s, dim=-1).reshape(q.shape[:-1])
 
 
 def attention_lse_plain(q, k, v, *, causal: bool = False, scale: float | None = None) -> list[torch.Tensor]:
     """L carried out in the inputs' own dtype, in the four score orders of `attention_plain`."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     h = q.shape[-1] // 2
     orders = [_scores(q.flip(-1), k.flip(-1), scale, causal), _scores(q * scale, k, 1.0, causal),
               _scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal)]
@@ -137,7 +137,7 @@ def attention_backward_plain(q, k, v, o, lse, do, *, causal: bool = False, scale
     to order: five draws of it make the largest a stable measure.  The sixth is the textbook order,
     P = softmax(q scaled first) and D = rowsum(P o dP).  The scale is applied before or after the product
     with K/Q.  Returns a list of (dq, dk, dv): the samples that earn the gradient tolerance."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
     h = d // 2
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d) for t in (q, o, do))  # (B, Hkv, G, Nq, d)
@@ -184,7 +184,7 @@ def attention_backward_plain(q, k, v, o, lse, do, *, causal: bool = False, scale
 
 def attention_probs64(q, k, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """P = softmax(scale q k^T) in float64, (B, Hkv, G, Nq, Nk); rows that see no key are 0."""
-    scale = check_inputs(q, k, k, scale)
+    scale = check_inputs(q, k, k, scale, causal)
     return _softmax_rows(_scores(q.double(), k.double(), scale, causal))
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from harness.contracts.attention import call, causal_allowed
 from harness.devices import available, unavailable_reason
-from harness.guard import ContractViolation, call_limit, guarded_call, names_argument
+from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
 from harness.references import attention64, attention_plain, attention_score_conditioning
 from harness.runner import applies, needs_dtype
 from harness.strategies import AttentionCase, attention_cases, score_blocks
@@ -143,6 +143,27 @@ def test_nan_inputs_propagate(impl, data, where):
         f"(e.g. {touched[torch.isfinite(touched)][:3].tolist()}) where every entry reads it")
 
 
+EMPTY_SHAPES = {  # (q, k/v shape): an empty batch or head group, a prefill chunk of no tokens, no cache yet
+    "B=0": ((0, 2, 4, 8), (0, 2, 4, 8)),
+    "H=0": ((1, 0, 4, 8), (1, 1, 4, 8)),
+    "Nq=0": ((1, 2, 0, 8), (1, 2, 4, 8)),
+    "Nk=0": ((1, 2, 4, 8), (1, 2, 0, 8)),
+}
+
+
+@applies(unavailable_reason)
+def test_empty_shapes_give_empty_output(impl):
+    """A dimension of size 0 is an answer, not an error: an output of q's shape, zeros where no key is seen."""
+    dtype, device = dtype_of(impl.dtypes[0]), available(impl.devices)[0]
+    for (name, (q_shape, kv_shape)), causal in itertools.product(EMPTY_SHAPES.items(), (False, True)):
+        q, k, v = (torch.randn(shape, dtype=dtype, device=device) for shape in (q_shape, kv_shape, kv_shape))
+        try:
+            out = call(impl, q, k, v, causal=causal, scale=None)
+        except ContractViolation as exc:
+            raise AssertionError(f"{impl.name} on {name} (causal={causal}): {exc}") from exc
+        assert not bool(out.any()), f"{impl.name} on {name} (causal={causal}): nonzero output with no key to see"
+
+
 BAD_INPUTS = {
     "heads not divisible": ((1, 3, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
     "head dim mismatch": ((1, 2, 4, 8), (1, 2, 4, 7), (1, 2, 4, 7)),
@@ -151,21 +172,19 @@ BAD_INPUTS = {
     "batch mismatch": ((2, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
     "head dim 0": ((1, 2, 4, 0), (1, 2, 4, 0), (1, 2, 4, 0)),
 }
+BAD_CAUSAL = ("no", 0.5, None)
 
 
 @applies(unavailable_reason)
 def test_rejects_bad_input(impl):
     """Shapes that break the contract raise ValueError/TypeError naming the argument, never a silent answer."""
+    dtype = dtype_of(impl.dtypes[0])
     for name in sorted(BAD_INPUTS):
-        q, k, v = (torch.randn(*shape, dtype=dtype_of(impl.dtypes[0])) for shape in BAD_INPUTS[name])
-        try:
-            guarded_call(impl.fn, q, k, v, causal=False, scale=None, arg_names=("q", "k", "v"))
-        except ContractViolation as exc:
-            cause = exc.__cause__
-            assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
-            assert names_argument(str(cause), "q", "k", "v"), f"{impl.name} ({name}): '{cause}' names no argument"
-        else:
-            raise AssertionError(f"{impl.name} accepted bad input ({name}) and returned a result instead of raising")
+        q, k, v = (torch.randn(*shape, dtype=dtype) for shape in BAD_INPUTS[name])
+        assert_rejected(impl, name, q, k, v, causal=False, scale=None, names=("q", "k", "v"), arg_names=("q", "k", "v"))
+    q = torch.randn(1, 2, 4, 8, dtype=dtype)
+    for causal in BAD_CAUSAL:  # each would read as True, or fail deep inside
+        assert_rejected(impl, f"causal={causal!r}", q, q, q, causal=causal, scale=None, names=("causal",))
 
 
 # ---------------------------------------------------------------------------------------------

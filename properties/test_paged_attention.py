@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from harness.contracts.paged_attention import call
 from harness.devices import available, unavailable_reason
-from harness.guard import ContractViolation, guarded_call, names_argument
+from harness.guard import ContractViolation, assert_rejected
 from harness.references import attention64, attention_plain
 from harness.runner import applies
 from harness.strategies import paged_attention_blind_row_cases, paged_attention_cases
 from harness.tolerance import assert_earned, dtype_of
+from properties.test_attention import BAD_CAUSAL
 
 TECHNIQUE = "paged_attention"
 
@@ -51,6 +52,22 @@ def test_decode_matches_contiguous_attention(impl, data):
     check_against_contiguous(impl, case)
 
 
+@applies(unavailable_reason)
+def test_empty_shapes_give_empty_output(impl):
+    """An empty batch (B=0), head group (H=0) or query chunk (Nq=0) gives an empty output, not an error."""
+    dtype, device = dtype_of(impl.dtypes[0]), available(impl.devices)[0]
+    k_cache, v_cache = torch.randn(2, 4, 1, 4, 8, dtype=dtype, device=device).unbind(0)  # (blocks 4, Hkv 1, bs 4, d 8)
+    for name, (B, H, Nq) in {"B=0": (0, 2, 3), "H=0": (1, 0, 3), "Nq=0": (2, 2, 0)}.items():
+        q = torch.randn(B, H, Nq, 8, dtype=dtype, device=device)
+        tables = torch.arange(2 * B, device=device).reshape(B, 2)  # (B, 2): two blocks per sequence
+        seq_lens = torch.full((B,), 5, device=device)
+        for causal in (False, True):
+            try:
+                call(impl, q, k_cache, v_cache, tables, seq_lens, causal=causal, scale=None)
+            except ContractViolation as exc:
+                raise AssertionError(f"{impl.name} on {name} (causal={causal}): {exc}") from exc
+
+
 BAD_INPUTS = {
     "block table entry past the pool": ("block_tables", lambda t, s: (t + 1000, s)),
     "sequence longer than its table": ("seq_lens", lambda t, s: (t, s + 10_000)),
@@ -83,11 +100,7 @@ def test_rejects_bad_input(impl):
     for name in sorted(BAD_INPUTS):
         arg, spoil = BAD_INPUTS[name]
         t, s = spoil(tables, seq_lens)
-        try:
-            guarded_call(impl.fn, q, k_cache, v_cache, t, s, causal=False, scale=None)
-        except ContractViolation as exc:
-            cause = exc.__cause__
-            assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({name}): {exc}, not ValueError"
-            assert names_argument(str(cause), arg), f"{impl.name} ({name}): '{cause}' does not name {arg}"
-        else:
-            raise AssertionError(f"{impl.name} accepted bad input ({name}) instead of raising")
+        assert_rejected(impl, name, q, k_cache, v_cache, t, s, causal=False, scale=None, names=(arg,))
+    for causal in BAD_CAUSAL:
+        assert_rejected(impl, f"causal={causal!r}", q, k_cache, v_cache, tables, seq_lens, causal=causal, scale=None,
+                        names=("causal",))

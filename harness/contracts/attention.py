@@ -7,6 +7,7 @@
 * scale defaults to 1/sqrt(d).
 * causal is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (FlashAttention >= 2.1,
   and what KV-cache decoding needs). A query row that sees no key returns zeros.
+* causal must be a bool. B, H, Nq and Nk may be 0: the output is then empty (or zeros when Nk = 0).
 * The output has q's shape, dtype and device. Inputs are left unchanged.
 """
 
@@ -31,8 +32,10 @@ ATTENTION = define(
 )
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> float:
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                 causal: bool = False) -> float:
     """Validate the contract's inputs; return the effective scale. Raises ValueError naming the argument."""
+    check_causal(causal, "attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -58,6 +61,18 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     if not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
     return float(scale)
+
+
+def check_causal(causal, technique: str) -> None:
+    """causal must be a real bool: "no", 0.5 or a tensor would otherwise read as True (or raise deep inside)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"{technique}: causal must be a bool, got {causal!r} ({type(causal).__name__})")
+
+
+def no_work_output(q: torch.Tensor, Nk: int) -> torch.Tensor | None:
+    """The whole answer when there is nothing to compute: no query rows (B, H or Nq is 0) gives an empty
+    output, no keys gives zeros (every row sees no key); None when there is work to do."""
+    return torch.zeros_like(q) if q.numel() == 0 or Nk == 0 else None
 
 
 def causal_allowed(Nq: int, Nk: int, rows: slice = slice(None), cols: slice = slice(None), device=None):

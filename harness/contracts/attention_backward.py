@@ -12,6 +12,7 @@
 * Returns dq, dk, dv with the shapes, dtype and device of q, k, v.  The gradient of a kv head shared
   by G query heads is the sum over those heads.  A row that sees no key contributes nothing: its dq
   row is 0.  Inputs are left unchanged.
+* causal must be a bool.  B, H, Nq and Nk may be 0: the gradients are then empty (dq is 0 when Nk = 0).
 
 Forward implementations (technique "attention") that can also return L declare
 ``caps={"returns_lse": True}`` and accept a keyword ``return_lse=True``, with which they return
@@ -39,9 +40,9 @@ ATTENTION_BACKWARD = define(
 )
 
 
-def check_backward_inputs(q, k, v, o, lse, do, scale: float | None = None) -> float:
+def check_backward_inputs(q, k, v, o, lse, do, scale: float | None = None, causal: bool = False) -> float:
     """Validate the contract's inputs; return the effective scale. Raises ValueError naming the argument."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     for name, t in (("o", o), ("do", do)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention_backward: {name} must be a torch.Tensor, got {type(t).__name__}")

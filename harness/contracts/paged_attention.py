@@ -14,6 +14,7 @@
 * Per sequence the result is the attention contract's softmax(q k^T * scale) v over its seq_lens[b]
   keys, causal aligned bottom-right (query i sees key j iff j <= i + seq_lens[b] - Nq); a query row that
   sees no key returns zeros.  The output has q's shape, dtype and device; inputs are left unchanged.
+* causal must be a bool.  B, H and Nq may be 0 (an empty batch or query chunk): the output is empty.
 Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttention", Sec. 4.1.
 """
 
@@ -24,6 +25,7 @@ import math
 import torch
 
 from harness.contracts import Technique, define
+from harness.contracts.attention import check_causal
 from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
@@ -39,8 +41,9 @@ PAGED_ATTENTION = define(
 )
 
 
-def check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale=None) -> float:
+def check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale=None, causal=False) -> float:
     """Validate the contract's inputs; return the effective scale. Raises ValueError/TypeError naming the argument."""
+    check_causal(causal, "paged_attention")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"paged_attention: {name} must be a floating-point torch.Tensor")

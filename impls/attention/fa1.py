@@ -14,7 +14,7 @@ from impls.attention.tiled import register_tiles
 
 
 def fa1_attention(q, k, v, *, causal=False, scale=None, Br=32, Bc=32):
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t = accumulator_dtype(q.dtype)
     qg = q.reshape(B, Hkv, H // Hkv, Nq, d).to(acc_t)  # (B, Hkv, G, Nq, d)

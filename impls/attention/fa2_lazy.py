@@ -26,7 +26,7 @@ TAU = 8.0  # rescale only when a row max grows by more than this: p = e^(s - m) 
 
 
 def fa2_lazy_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256):
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     G, acc_t, BH = H // Hkv, accumulator_dtype(q.dtype), B * Hkv
     qs = (q.to(acc_t) * scale).reshape(BH, G, Nq, d)  # (B*Hkv, G, Nq, d): scaled once

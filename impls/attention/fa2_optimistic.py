@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs
+from harness.contracts.attention import causal_allowed, check_inputs, no_work_output
 from impls.attention.merge import accumulator_dtype
 from impls.attention.tiled import register_tiles
 
@@ -31,8 +31,10 @@ FLOOR = 2.0**-60  # smallest row sum accepted: its largest term is a normal floa
 
 
 def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256):
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
+    if (empty := no_work_output(q, Nk)) is not None:  # no rows: trusted() would take the min of nothing
+        return empty
     G, acc_t, BH = H // Hkv, accumulator_dtype(q.dtype), B * Hkv
     alpha = scale * math.log2(math.e)  # base-2 scores; applied by the GEMM, not by a pass over q
     qs = q.to(acc_t).reshape(BH, G, Nq, d).transpose(1, 2).reshape(BH, Nq * G, d)  # (B*Hkv, Nq*G, d): row (i, g)

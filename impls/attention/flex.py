@@ -28,7 +28,7 @@ def flex(q, k, v, *, causal=False, scale=None):
 
 def flex_call(q, k, v, *, causal, scale, attention):
     """attention = flex_attention, eager or compiled, called with the contract's masking and GQA."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
     if Nq == 0 or Nk == 0:  # nothing to attend over: every row is empty
         return q.new_zeros(B, H, Nq, d)

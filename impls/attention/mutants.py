@@ -20,7 +20,7 @@ KILLED_BY = {name: ("matches_reference",) for name in BUGS}
 
 
 def buggy_attention(q, k, v, *, causal=False, scale=None, bug: str, Br=32, Bc=32):
-    scale = 1.0 if bug == "unscaled_scores" and scale is None else check_inputs(q, k, v, scale)
+    scale = 1.0 if bug == "unscaled_scores" and scale is None else check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     qg = q.reshape(B, Hkv, H // Hkv, Nq, d).double()  # (B, Hkv, G, Nq, d)
     kT, vg = k[:, :, None].transpose(-1, -2).double(), v[:, :, None].double()  # (B,Hkv,1,d,Nk), (B,Hkv,1,Nk,d)

@@ -7,14 +7,16 @@ overflow.  Dao et al. 2022, "FlashAttention", Algorithm 0.
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs
+from harness.contracts.attention import causal_allowed, check_inputs, no_work_output
 from harness.registry import register
 
 
 @register("attention", "naive", devices=("cpu", "cuda"), cite="Dao et al. 2022, Algorithm 0")
 def naive_attention(q, k, v, *, causal=False, scale=None):
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
+    if (empty := no_work_output(q, Nk)) is not None:  # no keys: amax over an empty dim raises
+        return empty
     qg = q.reshape(B, Hkv, H // Hkv, Nq, d)  # (B, Hkv, G, Nq, d)
     s = qg @ k[:, :, None].transpose(-1, -2) * scale  # pass 1: (B, Hkv, G, Nq, Nk)
     if causal:

@@ -21,7 +21,7 @@ from harness.registry import register
 @register("attention", "sdpa", devices=("cpu", "cuda"), cite="PyTorch scaled_dot_product_attention",
           caps={"nan_caveat": "torch's CPU SDPA returns finite rows for a NaN in q or k when Nk is small"})
 def sdpa_attention(q, k, v, *, causal=False, scale=None):
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (Nq, H), (Nk, Hkv) = (q.shape[2], q.shape[1]), (k.shape[2], k.shape[1])
     if not causal or Nq == Nk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=H != Hkv)

@@ -22,7 +22,7 @@ from impls.attention.merge import Partial, accumulator_dtype, finalize, merge, p
 
 def partition_partials(q, k, v, *, causal, scale, split):
     """One partial per key partition, the partition axis at dim 3: m, l (B, Hkv, G, P, Nq), acc (..., d)."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t, P = accumulator_dtype(q.dtype), max(1, math.ceil(Nk / split))
     kv_shape = (B, Hkv, 1, P, split, d)  # keys padded to P * split, then cut into partitions

@@ -67,7 +67,7 @@ def _kernel():
 
 def triton_fa2_forward(q, k, v, *, causal=False, scale=None, block_m=64, block_n=64):
     """Returns (o, L): o (B, H, Nq, d) in q's dtype, L (B, H, Nq) in float32."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     triton, kernel = _kernel()
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

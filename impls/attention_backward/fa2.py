@@ -18,7 +18,7 @@ from impls.attention.merge import accumulator_dtype
 
 
 def fa2_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, Br=64, Bc=64):
-    scale = check_backward_inputs(q, k, v, o, lse, do, scale)
+    scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t = accumulator_dtype(q.dtype)
     qg, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d) for t in (q, do))  # (B, Hkv, G, Nq, d)

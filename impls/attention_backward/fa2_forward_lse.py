@@ -16,7 +16,7 @@ from impls.attention.merge import accumulator_dtype
 
 def fa2_forward_lse(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):
     """Returns (o, L): o like the forward contract, L (B, H, Nq) in float32 (half inputs) or q's dtype."""
-    scale = check_inputs(q, k, v, scale)
+    scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t = accumulator_dtype(q.dtype)
     qg = q.reshape(B, Hkv, H // Hkv, Nq, d)  # (B, Hkv, G, Nq, d)

@@ -27,7 +27,7 @@ KILLED_BY = {
 
 
 def buggy_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, bug: str, Br=32, Bc=32):
-    scale = check_backward_inputs(q, k, v, o, lse, do, scale)
+    scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d).double() for t in (q, o, do))  # (B, Hkv, G, Nq, d)
     kg, vg = k[:, :, None].double(), v[:, :, None].double()  # (B, Hkv, 1, Nk, d)

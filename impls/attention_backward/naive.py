@@ -15,7 +15,7 @@ from impls.attention.merge import accumulator_dtype
 
 @register("attention_backward", "naive", devices=("cpu", "cuda"), cite="Dao et al. 2022, Algorithm 3")
 def naive_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
-    scale = check_backward_inputs(q, k, v, o, lse, do, scale)
+    scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t = accumulator_dtype(q.dtype)
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d).to(acc_t) for t in (q, o, do))  # (B, Hkv, G, Nq, d)

@@ -13,6 +13,6 @@ from harness.registry import register
 @register("attention_backward", "reference", devices=("cpu", "cuda"), cite="autograd of Vaswani et al. 2017",
           caps={"oracle": True})
 def reference_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
-    scale = check_backward_inputs(q, k, v, o, lse, do, scale)
+    scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
     dq, dk, dv = attention_backward64(q, k, v, do, causal=causal, scale=scale)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -91,7 +91,7 @@ def _kernels():
 
 
 def triton_fa2_backward(q, k, v, o, lse, do, *, causal=False, scale=None, block_m=64, block_n=64):
-    scale = check_backward_inputs(q, k, v, o, lse, do, scale)
+    scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
     triton, dkdv_kernel, dq_kernel = _kernels()
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()

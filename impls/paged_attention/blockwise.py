@@ -18,7 +18,9 @@ from impls.attention.merge import Partial, accumulator_dtype, finalize, identity
 
 def blockwise_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None,
                               partition_tokens=None):
-    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale, causal)
+    if q.numel() == 0:  # B, H or Nq is 0: seq_lens.max() below has nothing to reduce
+        return torch.zeros_like(q)
     (B, H, Nq, d), (_, Hkv, bs, _) = q.shape, k_cache.shape
     acc_t = accumulator_dtype(q.dtype)
     c = max(1, (partition_tokens or bs) // bs)  # blocks per step

@@ -92,7 +92,7 @@ def library() -> ctypes.CDLL:
 
 
 def compiled_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None):
-    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale, causal)
     if q.dtype not in KERNELS or q.device.type != "cpu":
         raise TypeError(f"paged_attention compiled_c: q, k_cache, v_cache must be float32 or float64 CPU tensors, "
                         f"got {q.dtype} on {q.device}")

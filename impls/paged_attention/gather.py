@@ -22,7 +22,9 @@ def gather_kv(cache, block_tables):
 
 @register("paged_attention", "gather_then_attend", devices=("cpu", "cuda"), cite="Kwon et al. 2023, Sec. 4.1")
 def gather_then_attend(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None):
-    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale, causal)
+    if q.numel() == 0:  # B, H or Nq is 0: seq_lens.max() below has nothing to reduce
+        return torch.zeros_like(q)
     (B, H, Nq, d), Hkv = q.shape, k_cache.shape[1]
     used = -(-int(seq_lens.max()) // k_cache.shape[2])  # table entries past every sequence's end: never gathered
     k, v = gather_kv(k_cache, block_tables[:, :used]), gather_kv(v_cache, block_tables[:, :used])  # (B, Hkv, Nk, d)

@@ -18,7 +18,7 @@ BUGS = {
 
 
 def buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None, bug=""):
-    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    scale = check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale, causal)
     (B, H, Nq, d), (_, Hkv, bs, _) = q.shape, k_cache.shape
     if bug == "ignores_block_table":
         block_tables = torch.arange(block_tables.shape[1]).expand(B, -1) % k_cache.shape[0]  # (B, max_blocks)
