@@ -88,12 +88,16 @@ class validated:  # noqa: N801 - used like a function: validated(target, "target
     def __call__(self, prefixes, n=1):
         p = self.lm(prefixes, n)
         if not getattr(p, "checked_distribution", False):  # the enumerator's memoized rows are checked once
-            check_distribution(p, self.name)
-            if p.shape[-1] != self.vocab_size:  # a wider row would let a sampler emit an id past the vocabulary
-                raise ValueError(f"{self.name}: rows must have vocab_size = {self.vocab_size} entries, "
-                                 f"got shape {tuple(p.shape)}")
-            p.checked_distribution = True
+            checked_rows(p, self.name, self.vocab_size).checked_distribution = True
         return p
+
+
+def checked_rows(p, name: str, vocab_size: int):
+    """p itself, once its rows are distributions over exactly vocab_size ids (ValueError naming the model)."""
+    check_distribution(p, name)
+    if p.shape[-1] != vocab_size:  # a wider row would let a sampler emit an id past the vocabulary
+        raise ValueError(f"{name}: rows must have vocab_size = {vocab_size} entries, got shape {tuple(p.shape)}")
+    return p
 
 
 def call(impl: Impl, target: LM, draft: LM | None, prompt: list[int], *, gamma: int, max_new_tokens: int,

@@ -9,37 +9,32 @@ Invariant: the same accept/resample rule as `standard`, so the output distributi
 
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs
-from harness.lm import check_distribution, session
+from harness.contracts.speculative import Generation, Round, check_inputs, checked_rows
+from harness.lm import session
 from harness.registry import register
 from impls.speculative.standard import residual
-
-
-def checked(p, name):
-    check_distribution(p, name)
-    return p
 
 
 @register("speculative", "cached", dtypes=("float64",),
           cite="Leviathan et al. 2023, Algorithm 1, with KV caches rolled back")
 def cached(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
-    ts, ds = session(target), session(draft)
+    ts, ds, V = session(target), session(draft), target.vocab_size
     out, rounds = [], []
     while len(out) < max_new_tokens and (not out or out[-1] != eos):
         ctx = [*prompt, *out]
         k = min(gamma, max_new_tokens - len(out) - 1)
         xs, qs = [], []
         if k:
-            q = checked(ds.extend(ctx[ds.length :])[-1], "draft")  # (V,)
+            q = checked_rows(ds.extend(ctx[ds.length :])[-1], "draft", V)  # (V,)
         for i in range(k):
             xs.append(int(rng.categorical(q)))
             qs.append(q)
             if i == k - 1 or xs[-1] == eos:  # nothing after a drafted end token is ever emitted
                 break
-            q = checked(ds.extend(xs[-1:])[-1], "draft")
+            q = checked_rows(ds.extend(xs[-1:])[-1], "draft", V)
         k = len(xs)  # fewer than gamma when the draft ended the document
-        p = checked(ts.extend(ctx[ts.length :] + xs)[-(k + 1) :], "target")  # (k + 1, V), one cached step
+        p = checked_rows(ts.extend(ctx[ts.length :] + xs)[-(k + 1) :], "target", V)  # (k + 1, V), one cached step
         rows = torch.arange(k)
         ratios = (p[rows, xs] / torch.stack(qs)[rows, xs]).tolist() if k else []  # p_i(x_i) / q_i(x_i), (k,)
         n = 0  # x_n is accepted with probability min(1, p_n(x_n) / q_n(x_n))
