@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from harness.contracts.block_manager import OutOfBlocks, open_manager
-from harness.guard import ContractViolation
+from harness.guard import ContractViolation, assert_rejected
 from harness.registry import Impl
 from harness.simulator.examples import block_size_waste, parallel_sampling, shared_prompt_answers
 from harness.strategies import TOKEN_ALPHABET, PoolGeometry, pool_geometries, prompts
@@ -285,12 +285,14 @@ def test_rejects_bad_input(impl):
     """Bad geometry and unknown or duplicate sequence ids raise errors naming the argument."""
     from harness.contracts.block_manager import NullStorage
 
-    for kwargs, name in (((0, 0), "block_size"), ((-1, 4), "num_blocks")):
-        with pytest.raises(ValueError, match=name):
-            impl.fn(*kwargs, NullStorage())
+    for args, name in (((0, 0), "block_size"), ((-1, 4), "num_blocks")):
+        assert_rejected(impl, f"{name} out of range", *args, NullStorage(), names=(name,))
     m = open_manager(impl, 4, 2, NullStorage())
     m.allocate(1, [1, 2, 3])
     for call, name in ((lambda: m.allocate(1, [1]), "seq_id"), (lambda: m.allocate(2, []), "tokens"),
-                       (lambda: m.fork(1, 1), "child_id"), (lambda: m.append(7, 1), "seq_id")):
-        with pytest.raises((ValueError, KeyError), match=name):
+                       (lambda: m.fork(1, 1), "child_id"), (lambda: m.append(7, 1), "seq_id"),
+                       (lambda: m.append(1, 2.5), "token"), (lambda: m.allocate(3, [1, "a"]), "tokens"),
+                       (lambda: m.ref_count(-1), "block"), (lambda: m.ref_count(4), "block")):
+        with pytest.raises((ValueError, KeyError), match=rf"\b{name}\b"):  # the argument as a word
             call()
+    assert m.num_tokens(1) == 3, "a rejected append changed the sequence"

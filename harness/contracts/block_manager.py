@@ -106,14 +106,30 @@ def check_geometry(num_blocks: Any, block_size: Any, num_cpu_blocks: Any) -> Non
     """Validate the factory's arguments; raises ValueError naming the argument."""
     for name, value, low in (("num_blocks", num_blocks, 0), ("block_size", block_size, 1),
                              ("num_cpu_blocks", num_cpu_blocks, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        if not is_int(value) or value < low:
             raise ValueError(f"block manager: {name} must be an int >= {low}, got {value!r}")
 
 
 def check_tokens(tokens: Any) -> list[int]:
-    if not isinstance(tokens, list | tuple) or not tokens or not all(isinstance(t, int) for t in tokens):
+    if not isinstance(tokens, list | tuple) or not tokens or not all(map(is_int, tokens)):
         raise ValueError(f"block manager: tokens must be a non-empty list of ints, got {tokens!r}")
     return list(tokens)
+
+
+def check_token(token: Any) -> int:
+    if not is_int(token):  # a float or str token would hash into the prefix cache as a different block
+        raise ValueError(f"block manager: token must be an int, got {token!r}")
+    return token
+
+
+def check_block(block: Any, num_blocks: int) -> int:
+    if not is_int(block) or not 0 <= block < num_blocks:  # -1 would index the last block from the end
+        raise ValueError(f"block manager: block must be an int in [0, {num_blocks}), got {block!r}")
+    return block
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, num_cpu_blocks: int = 0,

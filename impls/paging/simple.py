@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from harness.contracts.block_manager import OutOfBlocks, check_geometry, check_tokens
+from harness.contracts.block_manager import OutOfBlocks, check_block, check_geometry, check_token, check_tokens
 from harness.registry import register
 
 
@@ -48,7 +48,7 @@ class SimpleBlockManager:
         return len(self._seq(seq_id).tokens)
 
     def ref_count(self, block):
-        return self.ref[block]
+        return self.ref[check_block(block, len(self.ref))]
 
     def num_free_blocks(self):
         return len(self.free_stack) + len(self.evictable)
@@ -81,7 +81,7 @@ class SimpleBlockManager:
         return cached
 
     def append(self, seq_id, token):
-        seq = self._resident(seq_id, "append")
+        seq, token = self._resident(seq_id, "append"), check_token(token)
         n = len(seq.tokens)
         new_block = n % self.B == 0
         if (new_block or self.ref[seq.table[-1]] > 1) and self.num_free_blocks() == 0:

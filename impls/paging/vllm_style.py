@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from harness.contracts.block_manager import OutOfBlocks, check_geometry, check_tokens
+from harness.contracts.block_manager import OutOfBlocks, check_block, check_geometry, check_token, check_tokens
 from harness.registry import register
 
 
@@ -77,7 +77,7 @@ class VllmStyleBlockManager:
         return len(self.tokens[seq_id])
 
     def ref_count(self, block):
-        return self.blocks[block].ref_cnt
+        return self.blocks[check_block(block, len(self.blocks))].ref_cnt
 
     def num_free_blocks(self):
         return self.free_queue.n
@@ -108,7 +108,7 @@ class VllmStyleBlockManager:
         return len(computed) * self.block_size
 
     def append(self, seq_id, token):
-        table, n = self._resident(seq_id, "append"), len(self.tokens[seq_id])
+        table, n, token = self._resident(seq_id, "append"), len(self.tokens[seq_id]), check_token(token)
         boundary = n % self.block_size == 0
         if (boundary or table[-1].ref_cnt > 1) and self.free_queue.n == 0:
             raise OutOfBlocks(f"append: sequence {seq_id} needs a block and none is free")
