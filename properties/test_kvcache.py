@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.contracts import kvcache as contract
+from harness.guard import assert_rejected
 from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, concurrent_requests
 from harness.references import gpt_logits64, gpt_logits_plain
 from harness.registry import get
@@ -157,20 +158,15 @@ def test_bad_input_is_rejected(impl):
     case = DecodeCase(n_layer=1, n_head=2, n_kv_head=1, head_dim=2, positions="rotary", vocab=5,
                       prompts=((1, 2),), steps=(), max_len=3, dtype="float64", seed=0)
     model = case.model()
-    with pytest.raises(ValueError, match="max_len"):
-        impl.fn(model, 33)
-    decoder = impl.fn(model, case.max_len)
-    with pytest.raises(ValueError, match="prefill"):
-        decoder.step(torch.tensor([1]))
+    assert_rejected(impl, "max_len past the model's", model, 33, names=("max_len",))
+    decoder = contract.make(impl, model, case.max_len)
+    assert_rejected(impl, "step before prefill", torch.tensor([1]), method=decoder.step, names=("prefill",))
     for bad in ([], [torch.tensor([[1, 2]])], [torch.tensor([1, 2, 3, 4])], [torch.tensor([9])], [torch.tensor([])]):
-        with pytest.raises(ValueError, match="prompts"):
-            decoder.prefill(bad)
-    decoder.prefill([torch.tensor([1, 2])])
-    with pytest.raises(ValueError, match="tokens"):
-        decoder.step(torch.tensor([1, 2]))
-    decoder.step(torch.tensor([3]))
-    with pytest.raises(ValueError, match="max_len"):
-        decoder.step(torch.tensor([3]))
+        assert_rejected(impl, f"prompts {bad}", bad, method=decoder.prefill, names=("prompts",))
+    contract.prefill(impl, decoder, model, [torch.tensor([1, 2])])
+    assert_rejected(impl, "two tokens for one sequence", torch.tensor([1, 2]), method=decoder.step, names=("tokens",))
+    contract.step(impl, decoder, model, torch.tensor([3]))
+    assert_rejected(impl, "a step past max_len", torch.tensor([3]), method=decoder.step, names=("max_len",))
 
 
 # ---------------------------------------------------------------------------------------------
