@@ -22,7 +22,7 @@ from harness import profiles
 from harness.contracts import load_techniques
 from harness.quickbench import GATE_FACTOR
 from harness.registry import LOAD_ERRORS, Impl, get, impls
-from harness.runner import Property, Verdict, kill_mutant, properties_of, run_property
+from harness.runner import Property, Verdict, kill_mutant, properties_of, reproduce_command, run_property
 
 VERDICTS = Path(__file__).resolve().parents[1] / "results" / "report" / "verdicts"
 PER_IMPL_LIMIT_S = float(os.environ.get("HARNESS_PER_IMPL_LIMIT_S", "900"))
@@ -116,7 +116,8 @@ def cmd_check(args) -> int:
     for impl in chosen:
         plugin = impl.source if impl.source in args.plugin else None
         jobs.append((impl, props, lambda i=impl, pl=plugin: (run_property(p, i, profile=args.profile, plugin=pl)
-                                                             for p in props)))
+                                                             for p in props),
+                     lambda p, i=impl, pl=plugin: reproduce_command(i, p, args.profile, pl)))
     verdicts = [v for got in _isolated_all(jobs, args.jobs) for v in got]
     _print_matrix(args.technique, chosen, props, verdicts)
     _write_json(args.json, verdicts)
@@ -134,8 +135,8 @@ def cmd_mutants(args) -> int:
     for t in techniques:
         props = properties_of(t)
         mutants = impls(t, mutants=True)
-        jobs = [(m, props, lambda m=m, ps=props: kill_mutant(m, ps, profile=args.profile, all_properties=True))
-                for m in mutants]
+        jobs = [(m, props, lambda m=m, ps=props: kill_mutant(m, ps, profile=args.profile, all_properties=True),
+                 lambda p, m=m: reproduce_command(m, p, args.profile, None)) for m in mutants]
         for m, got in zip(mutants, _isolated_all(jobs, args.jobs), strict=True):
             verdicts += got
             killers = [v.property for v in got if v.status == "FAIL"]
@@ -199,7 +200,10 @@ def cmd_report(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-def _isolated_all(jobs: list[tuple[Impl, list[Property], Callable[[], Iterable[Verdict]]]], workers: int):
+Job = tuple[Impl, list[Property], Callable[[], Iterable[Verdict]], Callable[[Property], str]]
+
+
+def _isolated_all(jobs: list[Job], workers: int):
     """`_isolated` for several implementations, ``workers`` children at a time, results in order."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -207,8 +211,10 @@ def _isolated_all(jobs: list[tuple[Impl, list[Property], Callable[[], Iterable[V
         return list(pool.map(lambda j: _isolated(*j, one_thread=workers > 1), jobs))
 
 
-def _isolated(impl: Impl, props: list[Property], job: Callable[[], Iterable[Verdict]], one_thread=False):
-    """Run ``job`` (yielding verdicts for one implementation) in a forked child, streaming verdicts back."""
+def _isolated(impl: Impl, props: list[Property], job: Callable[[], Iterable[Verdict]],
+              reproduce: Callable[[Property], str], one_thread=False):
+    """Run ``job`` (yielding verdicts for one implementation) in a forked child, streaming verdicts back.
+    Properties the child never reported (it hung or died) get a FAIL saying so, with their reproduce line."""
 
     def child(queue) -> None:
         if one_thread:  # children share the cores: intra-op threads would only spin against each other
@@ -246,7 +252,7 @@ def _isolated(impl: Impl, props: list[Property], job: Callable[[], Iterable[Verd
     done = {v.property for v in got}
     for p in props:
         if p.name not in done and len(got) < len(props):
-            got.append(Verdict(impl.name, p.name, "FAIL", message=why))
+            got.append(Verdict(impl.name, p.name, "FAIL", message=why, reproduce=reproduce(p)))
     return got
 
 
