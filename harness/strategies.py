@@ -27,6 +27,18 @@ def lengths(max_len: int = 300) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from([1, 2, *edges]), st.integers(1, max_len))
 
 
+@st.composite
+def head_counts(draw: st.DrawFn) -> tuple[int, int]:
+    """(H, Hkv) with Hkv dividing H, H <= 6: MHA, MQA and groups of 2, 3 and 4 query heads per kv head (a
+    group of 3 catches kernels that assume a power of two, h >> log2(G))."""
+    Hkv = draw(st.integers(1, 4))
+    return Hkv * draw(st.sampled_from([g for g in (1, 2, 3, 4) if Hkv * g <= 6])), Hkv
+
+
+# None (1/sqrt(d)), 0 (uniform weights: `scale or 1/sqrt(d)` reads it as None), or a value in [0.01, 2]
+scales = st.one_of(st.none(), st.just(0.0), st.floats(0.01, 2.0))
+
+
 def generator(seed: int, device: str = "cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
@@ -65,16 +77,14 @@ def attention_cases(
     causal: bool | None = None,
     magnitude: st.SearchStrategy[float] | None = None,
 ) -> AttentionCase:
-    Hkv = draw(st.integers(1, 4))
-    H = Hkv * draw(st.sampled_from([g for g in (1, 2, 4) if Hkv * g <= 4]))  # Hkv divides H, H <= 4
+    H, Hkv = draw(head_counts())
     Nk = draw(lengths(max_len))
     Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
     d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, 128)))
     return AttentionCase(
         B=draw(st.integers(1, 2)), H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d,
         causal=draw(st.booleans()) if causal is None else causal,
-        scale=draw(st.one_of(st.none(), st.floats(0.01, 2.0))),
-        dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds),
+        scale=draw(scales), dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds),
         magnitude=draw(magnitude) if magnitude is not None else 1.0,
         device=draw(st.sampled_from(devices)),
     )
@@ -507,11 +517,13 @@ class PagedAttentionCase:
     dtype: str
     seed: int
     device: str = "cpu"
+    index_dtype: str = "int64"  # of block_tables and seq_lens: the contract allows int32 too
+    magnitude: float = 1.0  # multiplies q: large values give logits of 1e3-1e4
 
     def contiguous(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """q (B, H, Nq, d) and, per sequence, its contiguous k, v of shape (1, Hkv, seq_len, d)."""
         g = generator(self.seed)
-        q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64)
+        q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64) * self.magnitude
         kv = [tuple(torch.randn(1, self.Hkv, n, self.d, generator=g, dtype=torch.float64) for _ in range(2))
               for n in self.seq_lens]
         cast = lambda t: t.to(dtype_of(self.dtype)).to(self.device)
@@ -537,14 +549,16 @@ class PagedAttentionCase:
                 padded = torch.full((self.Hkv, per_seq[b] * bs, self.d), float("nan"), dtype=q.dtype, device=q.device)
                 padded[:, :self.seq_lens[b]] = t[0]  # (Hkv, blocks * bs, d), the tail of the last block NaN
                 cache[ids.to(q.device)] = padded.reshape(self.Hkv, per_seq[b], bs, self.d).transpose(0, 1)
-        return q, k_cache, v_cache, tables.to(self.device), torch.tensor(self.seq_lens, device=self.device)
+        index = getattr(torch, self.index_dtype)
+        return q, k_cache, v_cache, tables.to(self.device, index), torch.tensor(self.seq_lens, dtype=index,
+                                                                                 device=self.device)
 
 
 @st.composite
 def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
-                          max_len: int = 200, decode: bool | None = None) -> PagedAttentionCase:
-    Hkv = draw(st.integers(1, 4))
-    H = Hkv * draw(st.sampled_from([g for g in (1, 2, 4) if Hkv * g <= 4]))  # GQA: Hkv divides H
+                          max_len: int = 200, decode: bool | None = None,
+                          magnitude: st.SearchStrategy[float] | None = None) -> PagedAttentionCase:
+    H, Hkv = draw(head_counts())
     B = draw(st.integers(1, 3))
     seq_lens = tuple(draw(st.lists(lengths(max_len), min_size=B, max_size=B)))
     shortest = min(seq_lens)
@@ -554,8 +568,9 @@ def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",
         d=draw(st.one_of(st.sampled_from([1, 8, 16, 64]), st.integers(1, 80))),
         block_size=draw(st.one_of(st.sampled_from([1, 2, 3, 8, 16, 32]), st.integers(1, 64))),
         spare_blocks=draw(st.integers(0, 3)), causal=draw(st.booleans()),
-        scale=draw(st.one_of(st.none(), st.floats(0.01, 2.0))), dtype=draw(st.sampled_from(dtypes)),
-        seed=draw(seeds), device=draw(st.sampled_from(devices)),
+        scale=draw(scales), dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(seeds), device=draw(st.sampled_from(devices)), index_dtype=draw(st.sampled_from(["int64", "int32"])),
+        magnitude=draw(magnitude) if magnitude is not None else 1.0,
     )
 
 

@@ -38,6 +38,8 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
     G, acc_t, BH = H // Hkv, accumulator_dtype(q.dtype), B * Hkv
     alpha = scale * math.log2(math.e)  # base-2 scores; applied by the GEMM, not by a pass over q
     qs = q.to(acc_t).reshape(BH, G, Nq, d).transpose(1, 2).reshape(BH, Nq * G, d)  # (B*Hkv, Nq*G, d): row (i, g)
+    if alpha == 0:  # BLAS never reads A and B when alpha = 0: a NaN in q or k would vanish from 0 * (q k^T)
+        qs, alpha = qs * 0, 1.0
     kT = k.to(acc_t).reshape(BH, Nk, d).transpose(1, 2)  # (B*Hkv, d, Nk): no copy when dtypes match
     vv = v.to(acc_t).reshape(BH, Nk, d)  # (B*Hkv, Nk, d)
     first_row = max(0, Nq - Nk) if causal else 0  # rows before it see no key (bottom-right mask)

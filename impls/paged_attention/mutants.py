@@ -8,7 +8,11 @@ import torch
 
 from harness.contracts.paged_attention import check_inputs, key_mask
 from harness.registry import register
+from impls.attention.merge import finalize, partial
+from impls.attention.mutants_splitk import merge_without_rescale
 from impls.paged_attention.gather import gather_kv
+
+PARTITION = 512  # vLLM V2's partition: only sequences longer than this see the combine
 
 BUGS = {
     "reads_last_block_tail": "masks by whole blocks: the unused tail of the last block is attended to",
@@ -32,11 +36,22 @@ def buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal
         v = torch.where(ok.any(dim=3)[..., None], v[:, :, None], 0)  # (B, Hkv, 1, Nk, d)
     else:
         v = v[:, :, None]  # (B, Hkv, 1, Nk, d)
+    if bug == "v2_combine_unrescaled":  # per-partition partials, summed as if they shared one max
+        s, v = s.double(), v.double()  # garbage keys are -inf in s and 0 in v already
+        parts = [partial(s[..., j:j + PARTITION], v[..., j:j + PARTITION, :]) for j in range(0, s.shape[-1], PARTITION)]
+        total = parts[0]
+        for part in parts[1:]:
+            total = merge_without_rescale(total, part)
+        return finalize(total).to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d)
     return (p @ v).reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
 
+KILLERS = {"v2_combine_unrescaled": ("decode_matches_contiguous_attention",)}  # needs > 512 keys: decode
+BUGS["v2_combine_unrescaled"] = ("vLLM V2's reduce weights each 512-token partition by its l_i without "
+                                 "e^(m_i - m): exact until a sequence spans two partitions")
+
 for _bug, _what in BUGS.items():
     register("paged_attention", f"mutant_{_bug}", devices=("cpu", "cuda"), mutant=True, bug=_what,
-             killed_by=("matches_contiguous_attention",))(
+             killed_by=KILLERS.get(_bug, ("matches_contiguous_attention",)))(
         lambda q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None, _bug=_bug:
         buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale, bug=_bug))
