@@ -479,9 +479,10 @@ def decode_cases(
     draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), batch: tuple[int, int] = (1, 3), ragged: bool = True,
     max_prompt: int = 6, max_steps: int = 4, gqa: bool = False, spare: st.SearchStrategy[int] | None = None,
 ) -> DecodeCase:
-    """``gqa``: at least 2 kv heads shared by groups of at least 2 query heads (where a head mapping shows)."""
+    """``gqa``: at least 2 kv heads shared by groups of at least 2 query heads (where a head mapping shows;
+    a group of 3 catches a mapping that assumes a power of two)."""
     n_kv_head = draw(st.integers(2, 3) if gqa else st.integers(1, 2))
-    n_head = n_kv_head * draw(st.sampled_from([2] if gqa else [1, 2]))
+    n_head = n_kv_head * draw(st.sampled_from([2, 3] if gqa else [1, 2, 3]))
     vocab, B = draw(st.integers(3, 17)), draw(st.integers(*batch))
     tokens = st.integers(0, vocab - 1)
     if ragged:

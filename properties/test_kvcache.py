@@ -7,6 +7,7 @@ were alone, never lets unused (NaN-filled) slots reach an output, and computes G
 repeated kv heads.
 """
 
+import dataclasses
 import functools
 
 import pytest
@@ -19,7 +20,7 @@ from harness.guard import assert_rejected
 from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, concurrent_requests
 from harness.references import gpt_logits64, gpt_logits_plain
 from harness.registry import get
-from harness.runner import applies
+from harness.runner import applies, needs_dtype
 from harness.strategies import DecodeCase, decode_cases
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
 
@@ -103,6 +104,43 @@ def test_unused_slots_never_leak(impl, data):
 
 @single_threaded
 @given(data=st.data())
+def test_long_sequences_cross_cache_blocks(impl, data):
+    """Prompts of up to 20 tokens and up to 12 steps (sequences up to the model's 32 positions): a cache
+    laid out in blocks of 16, or sized for the prompt plus a few steps, must still hold every token."""
+    case = draw(data, impl, batch=(1, 2), max_prompt=20, max_steps=12)
+    model = case.model()
+    logits = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V)
+    for b, seq in enumerate(case.sequences()):
+        Forward(impl, model, seq).check(logits[b], len(case.prompts[b]) - 1, case.dtype,
+                                        what=f"{impl.name}: row {b} of {len(seq)} tokens")
+
+
+@needs_dtype("float64")
+@single_threaded
+@given(data=st.data())
+def test_second_prefill_starts_a_new_batch(impl, data):
+    """prefill drops the previous batch: after decoding one batch, a second prefill on the same decoder (other
+    prompts, maybe another batch size) decodes exactly as a fresh decoder does (float64)."""
+    first, other = (draw(data, impl, batch=(1, 3), dtypes=("float64",)) for _ in range(2))
+    in_vocab = lambda rows: tuple(tuple(t % first.vocab for t in row) for row in rows)  # noqa: E731
+    second = dataclasses.replace(first, prompts=in_vocab(other.prompts), steps=in_vocab(other.steps),
+                                 max_len=max(first.max_len, other.max_len))
+    model = first.model()
+    decoder = contract.make(impl, model, second.max_len)
+    contract.prefill(impl, decoder, model, first.prompt_tensors())
+    for tokens in first.step_tensors():
+        contract.step(impl, decoder, model, tokens)
+    reused = [contract.prefill(impl, decoder, model, second.prompt_tensors())]
+    reused += [contract.step(impl, decoder, model, tokens) for tokens in second.step_tensors()]
+    for t, (got, want) in enumerate(zip(reused, decode(impl, model, second), strict=True)):
+        err = (got - want).abs().max().item()
+        assert err <= FLOAT64_IDENTITY * max(1.0, want.abs().max().item()), (
+            f"{impl.name}: after a second prefill, call {t} differs from a fresh decoder's by {err:.3g}")
+
+
+@needs_dtype("float64")
+@single_threaded
+@given(data=st.data())
 def test_ragged_batch_equals_alone(impl, data):
     """Row b of a batch of ragged prompts decodes exactly as sequence b decoded on its own (float64)."""
     case = draw(data, impl, batch=(2, 3), dtypes=("float64",))
@@ -116,6 +154,7 @@ def test_ragged_batch_equals_alone(impl, data):
             f"differs from decoding it alone by {err:.3g}")
 
 
+@needs_dtype("float64")
 @applies(exact_only)
 @single_threaded
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
@@ -134,6 +173,7 @@ def test_sampling_matches_recompute(impl, data, seed):
     assert runs[0] == runs[1], f"{impl.name} sampled {runs[0]}, recompute sampled {runs[1]}"
 
 
+@needs_dtype("float64")
 @single_threaded
 @given(data=st.data())
 def test_gqa_equals_mha_with_repeated_kv(impl, data):
@@ -156,7 +196,7 @@ def test_gqa_equals_mha_with_repeated_kv(impl, data):
 def test_bad_input_is_rejected(impl):
     """Empty/2-D/too-long prompts, out-of-vocabulary ids, step before prefill and past max_len raise ValueError."""
     case = DecodeCase(n_layer=1, n_head=2, n_kv_head=1, head_dim=2, positions="rotary", vocab=5,
-                      prompts=((1, 2),), steps=(), max_len=3, dtype="float64", seed=0)
+                      prompts=((1, 2),), steps=(), max_len=3, dtype=impl.dtypes[0], seed=0)
     model = case.model()
     assert_rejected(impl, "max_len past the model's", model, 33, names=("max_len",))
     decoder = contract.make(impl, model, case.max_len)

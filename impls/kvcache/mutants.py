@@ -80,6 +80,42 @@ class ReadsUnwrittenSlots(StaticDecoder):
         return torch.ones(self.positions.shape[0], 1, self.max_len, dtype=torch.bool)  # (B, 1, S)
 
 
+class SizedForThePrompt(StaticDecoder):
+    """Room for the prompt plus 8 tokens (a serving engine's first guess); once full, each new token overwrites
+    the last slot instead of failing or growing the cache."""
+
+    ROOM = 8
+
+    def allocate(self, batch):
+        super().allocate(batch)
+        self.slots = None  # fixed by the prefill
+
+    def plan(self):
+        if self.slots is None:
+            self.slots = min(self.max_len, self.positions.shape[1] + self.ROOM)
+        super().plan()
+        self.start, self.mask = None, self.visible()[..., : self.span]  # always the indexed path
+
+    def write(self, layer, k, v):
+        slot = self.positions.clamp(max=self.slots - 1)  # (B, T)
+        self.cache[layer, 0, self.rows, :, slot] = k.transpose(1, 2)  # (B, T, Hkv, d) at (b, slot)
+        self.cache[layer, 1, self.rows, :, slot] = v.transpose(1, 2)
+
+    def visible(self):
+        slots = torch.arange(self.max_len)
+        return (slots[None, None, :] <= self.positions[:, :, None]) & (slots < self.slots)  # (B, T, S)
+
+
+class KeepsCacheAcrossPrefill(ConcatDecoder):
+    """A second prefill with the same batch size appends to the old batch's cache (past_key_values reused
+    across generate calls), so the new prompts attend to the old sequences' keys."""
+
+    def allocate(self, batch):
+        if getattr(self, "batch", None) != batch:
+            super().allocate(batch)
+            self.batch = batch
+
+
 MUTANTS = {
     "positions_restart": (PositionsRestart, "decode positions restart at 0 after the prompt",
                           "prefill_then_steps_equal_forward"),
@@ -93,6 +129,10 @@ MUTANTS = {
                                   "not each sequence's own", "ragged_batch_equals_alone"),
     "reads_unwritten_slots": (ReadsUnwrittenSlots, "decode attends over every preallocated slot",
                               "unused_slots_never_leak"),
+    "sized_for_the_prompt": (SizedForThePrompt, "the cache holds the prompt plus 8 tokens; later tokens "
+                             "overwrite its last slot", "long_sequences_cross_cache_blocks"),
+    "keeps_cache_across_prefill": (KeepsCacheAcrossPrefill, "a second prefill of the same batch size appends "
+                                   "to the previous batch's cache", "second_prefill_starts_a_new_batch"),
 }
 for _name, (_cls, _bug, _killer) in MUTANTS.items():
     register("kvcache", f"mutant_{_name}", dtypes=("float64", "float32"), mutant=True, bug=_bug,
