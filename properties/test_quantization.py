@@ -57,7 +57,10 @@ def test_error_within_half_step(impl, data):
     """Every element: |w - dq(q(w))| <= s/2 for its own step s, at every granularity and bit width."""
     case = draw_case(data, impl)
     w = case.tensor()
-    qt = quantize_case(impl, case, w)
+    assert_within_half_step(impl, w, quantize_case(impl, case, w))
+
+
+def assert_within_half_step(impl, w, qt):
     w_hat = dequantize(qt)
     err = (w.double() - w_hat.double()).abs()
     bound = TOLERANCES[("quantize", w.dtype)].k * step_per_element(qt).double() + slack(w, w_hat)
@@ -131,10 +134,7 @@ def test_zero_point_scales_match_reference(impl, data):
     truth = zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
     used = truth.scale > 0  # all-zero groups may carry any finite scale (test_all_zero_groups_give_zeros)
     rtol = scale_rtol(w.dtype)
-    scale_err = ((qt.scale.double() - truth.scale).abs() / truth.scale.clamp(min=1e-300))[used]
-    assert not bool((scale_err > rtol).any()), (
-        f"{impl.name}: a scale differs from (max(w, 0) - min(w, 0)) / {2**case.bits - 1} by "
-        f"{scale_err.max().item():.3g} (relative) at group {used.nonzero()[int(scale_err.argmax())].tolist()}")
+    assert_scales_match(impl, qt, truth, rtol, f"(max(w, 0) - min(w, 0)) / {2**case.bits - 1}")
     assert qt.zero is not None, f"{impl.name} declares symmetric=False but returns no zero point"
     lo = w.double().reshape(*scale_shape(w, case.granularity, case.group_size), -1).amin(dim=-1).clamp(max=0)
     raw = -lo / truth.scale.clamp(min=1e-300)  # (R, G): the zero point before rounding
@@ -144,6 +144,36 @@ def test_zero_point_scales_match_reference(impl, data):
     assert not bool(bad.any()), (
         f"{impl.name}: zero point {qt.zero[bad][0].item()} where round(-min(w, 0) / s) = {truth.zero[bad][0].item()} "
         f"at group {bad.nonzero()[0].tolist()}")
+
+
+def assert_scales_match(impl, qt, truth, rtol: float, formula: str) -> None:
+    """Every group's scale within rtol (relative) of the reference's; all-zero groups may carry any scale."""
+    used = truth.scale > 0
+    scale_err = ((qt.scale.double() - truth.scale).abs() / truth.scale.clamp(min=1e-300))[used]
+    assert not bool((scale_err > rtol).any()), (
+        f"{impl.name}: a scale differs from {formula} by {scale_err.max().item():.3g} (relative) at group "
+        f"{used.nonzero()[int(scale_err.argmax())].tolist()}")
+
+
+@applies(unavailable_reason)
+@given(data=st.data(), extreme=st.sampled_from(["huge", "tiny"]))
+def test_extreme_magnitudes(impl, data, extreme):
+    """Weights whose largest element is 0.9x the dtype's largest finite value, or so small that their
+    squares underflow: every scale is still the reference's (finite, nonzero) and every element within
+    half a step.  Catches (max - min) / (2^b - 1) overflowing, sqrt(max w^2), a scale built from squares."""
+    case = draw_case(data, impl)
+    dtype = dtype_of(case.dtype)
+    info = torch.finfo(dtype)
+    if extreme == "tiny" and dtype == torch.float16:
+        extreme = "huge"  # float16's squares underflow only where its scales would be subnormal too
+    w64 = case.tensor().double()
+    target = 0.9 * info.max if extreme == "huge" else info.tiny**0.5 / 10
+    w = (w64 / w64.abs().max() * target).to(dtype)  # (rows, cols): the largest |w| is the target
+    qt = quantize_case(impl, case, w)
+    reference = quantize64 if impl.cap("symmetric", True) else zero_point_quantize64
+    truth = reference(w, case.bits, case.granularity, case.group_size)
+    assert_scales_match(impl, qt, truth, scale_rtol(w.dtype), f"the reference's at |w| up to {target:.3g}")
+    assert_within_half_step(impl, w, qt)
 
 
 @applies(unavailable_reason)

@@ -115,6 +115,8 @@ def call(impl: Impl, w: torch.Tensor, *, bits: int, granularity: str, group_size
                  device=w.device)
     if qt.zero is not None:
         check_tensor(qt.zero, what=f"{impl.name} zero", shape=tuple(qt.scale.shape), device=w.device)
+        if qt.zero.is_floating_point() or qt.zero.is_complex():  # a fractional zero point cannot map 0 exactly
+            raise ContractViolation(f"{impl.name} zero: dtype {qt.zero.dtype}, expected an integer dtype")
     if bool((qt.scale < 0).any()):
         raise ContractViolation(f"{impl.name} scale: negative scale {qt.scale.min().item():.3g}")
     return qt

@@ -59,6 +59,14 @@ def mutant_zero_point_tensor_range(w, *, bits, granularity="channel", group_size
     return Quantized(qt.codes, qt.scale.expand(shape).contiguous(), qt.zero.expand(shape).contiguous())
 
 
+@register("quantization", "mutant_zero_point_range_overflows", devices=("cpu", "cuda"),
+          dtypes=("float64", "float32"), mutant=True, bug="scale (max - min) / (2^b - 1): max - min overflows to inf "
+          "when the weights span more than the dtype's largest value", killed_by=("extreme_magnitudes",),
+          caps={"symmetric": False}, exact=False)
+def mutant_zero_point_range_overflows(w, *, bits, granularity="channel", group_size=None):
+    return zeropoint(w, bits=bits, granularity=granularity, group_size=group_size, range_first=True)
+
+
 @register("quantized_linear", "mutant_zero_scale_nan", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
           mutant=True, bug="per-token scale of an all-zero (padding) token is 0 and x / 0 = NaN reaches the output",
           killed_by=("all_zero_tokens_give_zeros",), caps={"weight": "channel", "act": "token"})

@@ -15,12 +15,13 @@ from harness.registry import register
 
 @register("quantization", "zeropoint", devices=("cpu", "cuda"), dtypes=("float64", "float32"), exact=False,
           cite="Jacob et al. 2018, section 2.1", caps={"symmetric": False})
-def zeropoint(w, *, bits, granularity="channel", group_size=None):
+def zeropoint(w, *, bits, granularity="channel", group_size=None, range_first=False):
     check_inputs(w, bits, granularity, group_size)
     rows, cols = w.shape
     wg = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
     lo, hi = wg.amin(dim=-1).clamp(max=0), wg.amax(dim=-1).clamp(min=0)  # (R, G)
-    s = hi / (2**bits - 1) - lo / (2**bits - 1)  # not (hi - lo) / ...: that overflows for |w| near the dtype's max
+    levels = 2**bits - 1
+    s = (hi - lo) / levels if range_first else hi / levels - lo / levels  # hi - lo overflows near the dtype's max
     safe = torch.where(s > 0, s, torch.ones_like(s))
     z = torch.round(-lo / safe)  # (R, G), in [0, 2^b - 1]
     q = (torch.round(wg / safe[..., None]) + z[..., None]).clamp(0, 2**bits - 1)  # (R, G, g)
