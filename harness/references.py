@@ -276,6 +276,26 @@ def quantized_linear_error_bound(x, w, *, bits: int, scheme: Scheme, calib=None)
     return bound.reshape(*x.shape[:-1], w.shape[0])
 
 
+def quantized_linear_tie_bound(x, w, *, bits: int, scheme: Scheme, calib=None, rel: float) -> torch.Tensor:
+    """How far codes rounded the other way can move y: computed in a lower precision, a value within ``rel``
+    (relative) of a rounding tie, in units of its step, may get either code.  Each such weight moves y by one
+    step times |x_hat|, each such activation by one step times |w_hat|; (..., out)."""
+    x2, w2, _ = _split(x, w, scheme, calib)
+    qx, qw = _quantized_operands(x2, w2, bits, scheme)
+
+    def tied_steps(values, q):  # the step of every element within rel of a tie, else 0
+        step = step_per_element(q).expand_as(values)
+        r = values / step.clamp(min=1e-300)  # the value in steps
+        return torch.where((r - r.floor() - 0.5).abs() <= rel * (r.abs() + 1), step, 0.0)
+
+    dw = step_per_element(qw) / 2  # (out, in)
+    dx = torch.zeros_like(x2) if qx is None else step_per_element(qx).expand_as(x2) / 2  # (n, in)
+    bound = (x2.abs() + dx) @ tied_steps(w2, qw).T  # (n, out)
+    if qx is not None:
+        bound = bound + tied_steps(x2, qx) @ (w2.abs() + dw).T
+    return bound.reshape(*x.shape[:-1], w.shape[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # speculative decoding
 def autoregressive_distribution(target, prompt, T: int, eos: int | None = None) -> dict[tuple[int, ...], float]:

@@ -209,9 +209,12 @@ def quant_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices
 
 @dataclass(frozen=True)
 class LinearCase:
-    """x (n, in) standard normal, with ``outliers`` input columns set to +-U(10, 100) (above LLM.int8()'s
-    threshold of 6) and the first ``zero_tokens`` rows all zero; w (out, in) standard normal / sqrt(in).
-    ``calib``: also build calibration activations with the same outlier columns."""
+    """x (n, in) standard normal, with ``outliers`` input columns holding +-U(10, 100) (above LLM.int8()'s
+    threshold of 6) in some of their rows, at least one (an outlier column need not be outliers all the
+    way down), and the first ``zero_tokens`` rows all zero; w (out, in) standard normal / sqrt(in).
+    ``calib``: also build 16 calibration activations, whose outlier columns are ``calib_outliers`` (None:
+    the same as x's; a scheme that detects outliers at run time must not take them from calib).
+    ``lead``: x's leading dims, (n,) or e.g. (2, n // 2): the contract's x is (..., in)."""
 
     n: int
     d_in: int
@@ -223,33 +226,45 @@ class LinearCase:
     zero_tokens: int = 0
     calib: bool = False
     device: str = "cpu"
+    calib_outliers: tuple[int, ...] | None = None
+    lead: tuple[int, ...] | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         g = generator(self.seed)
-        x = self.activations(g, self.n)
+        x = self.activations(g, self.n, self.outliers)
         x[: self.zero_tokens] = 0.0
         w = torch.randn(self.d_out, self.d_in, generator=g, dtype=torch.float64) / self.d_in**0.5
-        calib = self.activations(g, 16) if self.calib else None
+        calib = self.activations(g, 16, self.outliers if self.calib_outliers is None else self.calib_outliers) \
+            if self.calib else None
+        x = x.reshape(*(self.lead or (self.n,)), self.d_in)  # (..., in)
         return tuple(None if t is None else t.to(dtype_of(self.dtype)).to(self.device) for t in (x, w, calib))
 
-    def activations(self, g: torch.Generator, n: int) -> torch.Tensor:
+    def activations(self, g: torch.Generator, n: int, outliers: tuple[int, ...]) -> torch.Tensor:
         x = torch.randn(n, self.d_in, generator=g, dtype=torch.float64)
-        for j in self.outliers:
+        for j in outliers:
             size = 10 + 90 * torch.rand(n, generator=g, dtype=torch.float64)  # (n,)
-            x[:, j] = torch.where(torch.rand(n, generator=g) < 0.5, -size, size)
+            hit = torch.rand(n, generator=g) < 0.7  # (n,): the rows where column j is an outlier
+            hit[torch.randint(n, (1,), generator=g)] = True
+            x[:, j] = torch.where(hit, torch.where(torch.rand(n, generator=g) < 0.5, -size, size), x[:, j])
         return x
 
 
 @st.composite
 def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                  multiple_of: int = 1, zero_tokens: bool = False, min_outliers: int = 0,
-                 plain_columns: int = 0) -> LinearCase:
-    """At least min_outliers outlier columns (at most 3), and at least plain_columns that are not."""
+                 plain_columns: int = 0, leading_dims: bool = False) -> LinearCase:
+    """At least min_outliers outlier columns (at most 3), and at least plain_columns that are not.
+    ``leading_dims``: x may be 1-D (one token) or 3-D (batch, tokens, in) instead of (n, in)."""
     least = max(2, min_outliers + plain_columns)
     d_in = multiple_of * draw(st.integers(max(1, -(-least // multiple_of)), max(1, 128 // multiple_of)))
     n = draw(st.integers(1, 24))
     outliers = draw(st.sets(st.integers(0, d_in - 1), min_size=min_outliers, max_size=min(3, d_in - plain_columns)))
-    return LinearCase(
+    calib_outliers = draw(st.one_of(st.none(), st.sets(st.integers(0, d_in - 1), max_size=3).map(sorted).map(tuple)))
+    lead = (n,)
+    if leading_dims:
+        lead = draw(st.sampled_from([(n,), (1, n)] + [(a, n // a) for a in (2, 3, 4) if n % a == 0]
+                                    + ([()] if n == 1 else [])))
+    return LinearCase(calib_outliers=calib_outliers, lead=lead,
         n=n, d_in=d_in, d_out=draw(st.integers(1, 32)), bits=draw(st.integers(2, 8)),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds), outliers=tuple(sorted(outliers)),
         zero_tokens=draw(st.integers(1, n)) if zero_tokens else 0, calib=draw(st.booleans()),

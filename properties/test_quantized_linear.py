@@ -19,6 +19,7 @@ from harness.references import (
     quantized_linear64,
     quantized_linear_error_bound,
     quantized_linear_plain,
+    quantized_linear_tie_bound,
     smoothing_factors64,
 )
 from harness.runner import applies, needs_cap, needs_dtype
@@ -50,8 +51,34 @@ def assert_matches_scheme(impl, case: LinearCase, what: str) -> torch.Tensor:
 @given(data=st.data())
 def test_matches_scheme_reference(impl, data):
     """In float64 the output is the declared scheme's dequantized float computation, up to rounding:
-    integer accumulation (or its float64 emulation) loses nothing."""
-    assert_matches_scheme(impl, draw_case(data, impl, dtypes=("float64",)), "vs its scheme's float64 reference")
+    integer accumulation (or its float64 emulation) loses nothing.  x is (..., in): one token, a matrix
+    of tokens, or (batch, tokens, in)."""
+    case = draw_case(data, impl, dtypes=("float64",), leading_dims=True)
+    assert_matches_scheme(impl, case, f"on x of shape {(*case.lead, case.d_in)} vs its scheme's float64 reference")
+
+
+@applies(unavailable_reason)
+@applies(lambda impl: None if set(impl.dtypes) - {"float64"} else
+         f"{impl.name} declares float64 only (matches_scheme_reference checks it)")
+@given(data=st.data())
+def test_matches_scheme_in_low_precision(impl, data):
+    """In float32 (or lower) the output is still the declared scheme's, computed in float64 from the same
+    inputs: within the matmul's rounding, plus one step at each code whose value lies within rounding of a
+    tie.  A layer that skips a quantization, ignores calib or multiplies in plain float is off by far more."""
+    dtypes = tuple(d for d in impl.dtypes if d != "float64")
+    case = draw_case(data, impl, dtypes=dtypes, leading_dims=True)
+    x, w, calib = case.tensors()
+    out = call(impl, x, w, bits=case.bits, calib=calib).double()
+    scheme = Scheme.of(impl)
+    truth = quantized_linear64(x, w, bits=case.bits, scheme=scheme, calib=calib)
+    ties = quantized_linear_tie_bound(x, w, bits=case.bits, scheme=scheme, calib=calib,
+                                      rel=16 * torch.finfo(x.dtype).eps)
+    bound = TOLERANCES[("quantized_matmul", x.dtype)].floor * (x.double().abs() @ w.double().abs().T) + ties
+    err = (out - truth).abs()
+    bad = err > bound
+    assert not bool(bad.any()), (
+        f"{impl.name} in {case.dtype}: {err[bad][0].item():.4g} from its scheme's float64 reference, beyond the "
+        f"rounding allowance {bound[bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
 
 
 @applies(unavailable_reason)
@@ -59,7 +86,7 @@ def test_matches_scheme_reference(impl, data):
 def test_error_within_derived_bound(impl, data):
     """|y - x @ w.T| <= sum_k |x_k| dw_k + dx_k |w_k| + dx_k dw_k, with d = step / 2 of the scheme's own
     scales (outlier columns contribute nothing), plus the matmul's rounding in the input dtype."""
-    case = draw_case(data, impl)
+    case = draw_case(data, impl, leading_dims=True)
     x, w, calib = case.tensors()
     out = call(impl, x, w, bits=case.bits, calib=calib).double()
     exact = x.double() @ w.double().T  # (n, out)

@@ -85,3 +85,12 @@ def mutant_stale_outliers(x, w, *, bits=8, calib=None):
     fresh = outlier_columns(x.reshape(-1, x.shape[-1]), THRESHOLD)  # (in,)
     cols = _previous.setdefault(x.shape[-1], fresh).to(x.device)
     return llm_int8_linear(x, w, bits=bits, calib=calib, outliers=cols)
+
+
+@register("quantized_linear", "mutant_outliers_from_calib", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
+          mutant=True, bug="LLM.int8() takes its outlier columns from the calibration batch instead of the input: "
+          "a column that is an outlier only at run time goes through int8", killed_by=("matches_scheme_reference",),
+          caps={"weight": "channel", "act": "token", "outlier_threshold": THRESHOLD})
+def mutant_outliers_from_calib(x, w, *, bits=8, calib=None):
+    seen = x.reshape(-1, x.shape[-1]) if calib is None else calib
+    return llm_int8_linear(x, w, bits=bits, calib=calib, outliers=outlier_columns(seen, THRESHOLD))
