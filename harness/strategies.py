@@ -370,15 +370,18 @@ class SpeculativeCase:
 
 
 @st.composite
-def speculative_cases(draw: st.DrawFn, max_gamma: int = 4, max_T: int = 4, width: int = 1) -> SpeculativeCase:
+def speculative_cases(draw: st.DrawFn, max_gamma: int = 4, max_T: int = 4, width: int = 1,
+                      max_V: int = 6) -> SpeculativeCase:
     """`width` draft chains per round (multi-draft samplers): gamma is capped so that the V^(width gamma) draft
-    trees of a round stay <= 256 and one enumeration stays under a second."""
-    V = draw(st.integers(2, 6))
+    trees of a round stay <= 256 and one enumeration stays under a second.  Targets of order 3 (V <= 4) see
+    further back than a verify window of gamma + 1 = 2 tokens."""
+    V = draw(st.integers(2, max_V))
     T = draw(st.integers(1, min(max_T, 3 if V > 4 else 4)))  # at most 6^3 output sequences: enumeration < 1 s
     if width > 1:
         max_gamma = max(1, min(max_gamma, int(math.log(256) / (width * math.log(V)))))
     return SpeculativeCase(
-        V=V, target_order=draw(st.integers(0, 2)), draft=draw(st.sampled_from(["table", "target", "uniform", "point"])),
+        V=V, target_order=draw(st.integers(0, 3 if V <= 4 else 2)),
+        draft=draw(st.sampled_from(["table", "target", "uniform", "point"])),
         draft_order=draw(st.integers(0, 2)), zeros=draw(st.sampled_from([0.0, 0.3, 0.6])),
         gamma=draw(st.integers(1, max_gamma)), T=T,
         prompt=tuple(draw(st.lists(st.integers(0, V - 1), min_size=1, max_size=3))),

@@ -24,6 +24,12 @@ BUGS = {
     "always_accept": ("every draft token is accepted (the output is the draft's distribution)", EXACT),
     "no_bonus": ("no bonus token when all drafts are accepted (correct, but fewer tokens per call)",
                  ("tokens_per_call_matches_formula",)),
+    "rows_cached_across_rounds": ("target rows cached by position and reused in later rounds, also after a "
+                                  "rejection changed the context they were computed from",
+                                  ("matches_target_distribution_run_by_run",)),
+    "accepted_counts_replacement": ("a round's accepted count includes the token resampled after a rejection "
+                                    "(the output is exact; the acceptance statistics are not)",
+                                    ("round_records_add_up",)),
 }
 
 
@@ -41,7 +47,7 @@ def inverse_cdf(rng, weights: torch.Tensor) -> int:
 def buggy_speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None, bug: str):
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
     target, draft = validated(target, "target"), validated(draft, "draft")
-    out, rounds = [], []
+    out, rounds, rows = [], [], {}  # rows: position -> target row, kept across rounds by rows_cached_across_rounds
     while len(out) < max_new_tokens and (not out or out[-1] != eos):
         ctx = [*prompt, *out]
         k = min(gamma, max_new_tokens - len(out) - (0 if bug == "no_bonus" else 1))
@@ -58,6 +64,8 @@ def buggy_speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=
             xs.append(x)
             qs.append(q)
         p = target([ctx + xs], k + 1)[0]  # (k + 1, V)
+        if bug == "rows_cached_across_rounds":  # row i is position len(ctx) + i, whatever came before it
+            p = torch.stack([rows.setdefault(len(ctx) + i, p[i]) for i in range(k + 1)])  # (k + 1, V)
         if bug == "wrong_position":
             p = torch.cat([p[1:], p[-1:]])  # (k + 1, V): row i now holds p_{i+1}
         n = 0
@@ -81,7 +89,8 @@ def buggy_speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=
         if eos in new:
             new = new[: new.index(eos) + 1]
         out += new[: max_new_tokens - len(out)]
-        rounds.append(Round(drafted=k, accepted=n, target_calls=1))
+        counted = n + (bug == "accepted_counts_replacement" and n < k)
+        rounds.append(Round(drafted=k, accepted=counted, target_calls=1))
     return Generation(out, rounds)
 
 
