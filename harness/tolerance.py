@@ -119,8 +119,10 @@ def assert_earned(
         flat = int(diff.nan_to_num(float("inf")).argmax())
         where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
         plain_err = plain_error(truth, plains)
+        got, want = out.reshape(-1)[flat].item(), truth.reshape(-1)[flat].item()
+        digits = 6 if not (err < 1e-5 * abs(want)) else 17  # enough digits that the two values differ in print
         raise AssertionError(
             f"{what}: max error {err:.3g} at {where} exceeds the earned bound {bound:.3g} "
             f"(= {TOLERANCES[(kind, dtype)].k:g} x plain {dtype} error {plain_err:.3g} + floor); "
-            f"got {out.reshape(-1)[flat].item():.6g}, truth {truth.reshape(-1)[flat].item():.6g}"
+            f"got {got:.{digits}g}, truth {want:.{digits}g}"
         )
