@@ -7,13 +7,15 @@ run's probability is the product of the probabilities of its choices, in float64
 outcomes are never visited; model calls are memoized by prefix, a miss scoring all V siblings of the
 prefix in one batched call.
 
-Rounds are merged (``merge=True``, the default): a run is cut at the first model call after its first
-target call -- the start of round two -- when that call's prefix extends the prompt by the emitted
-tokens e, and the rest of the distribution is the (memoized) distribution of the sampler started afresh
-from prompt + e with the budget left, composed once per distinct e.  This is exact for samplers whose
-rounds depend only on the tokens so far (the contract asks for it: no state carried between rounds, such
-as an adaptive gamma); a sampler that carries state declares ``caps={"markov": False}`` and is
-enumerated run by run.
+Rounds are merged (``merge=True``, the default).  The first model call after the first target call
+whose single prefix extends the prompt (by e) may start round two: if it ends in the token of the last
+categorical draw since the target call (a round ends by drawing its last token), the run is cut there
+and the rest of the distribution is the (memoized) distribution of the sampler started afresh from
+prompt + e with the budget left, composed once per distinct e; otherwise (a draft catching up on the
+drafted tokens, a round that drew no last token) the run is played out to the end, which is always
+exact.  Cutting is exact for samplers whose rounds depend only on the tokens so far (the contract asks
+for it: no state carried between rounds, such as an adaptive gamma); a sampler that carries state
+declares ``caps={"markov": False}`` and is enumerated run by run.
 
 Cost: one run per branch of a round, so at least one per distinct output of a round (V^(gamma+1) for a
 fully accepted round); a run replays its recorded choices without reading a tensor, but the sampler's
@@ -155,10 +157,13 @@ class _Model:
         run = self.run
         if run.cut and run.target_calls and len(prefixes) == 1:
             x, prompt = prefixes[0], run.prompt
-            if len(x) > len(prompt) and tuple(x[: len(prompt)]) == prompt:
-                raise _Cut(tuple(x[len(prompt) :]))
+            if len(x) > len(prompt) and tuple(x[: len(prompt)]) == prompt:  # the first call that may start round 2
+                if x[-1] == run.last_draw:
+                    raise _Cut(tuple(x[len(prompt) :]))
+                run.cut = False  # no token drawn since the target call, or another one: play this run out
         if self.is_target:
             run.target_calls += 1
+            run.last_draw = None
         if len(prefixes) == 1:  # the common case, without building a list
             key = (tuple(prefixes[0]), n)
             row = self.cache.get(key)
@@ -187,6 +192,26 @@ class _Run:
     prompt: tuple[int, ...] = ()
     cut: bool = True
     target_calls: int = 0
+    last_draw: int | None = None  # the token of the last categorical draw since the last target call
+
+    def start(self, prompt: tuple[int, ...], cut: bool) -> None:
+        self.prompt, self.cut, self.target_calls, self.last_draw = prompt, cut, 0, None
+
+
+class _WatchedRng:
+    """The rng as an enumerated sampler sees it: notes each token drawn after a target call."""
+
+    def __init__(self, rng, run: _Run) -> None:
+        self.rng, self.run = rng, run
+
+    def categorical(self, probs):
+        token = self.rng.categorical(probs)
+        if self.run.target_calls:  # one token (a batch of one too), or None for several rows
+            self.run.last_draw = int(token.reshape(-1)[0]) if token.numel() == 1 else None
+        return token
+
+    def bernoulli(self, probs):
+        return self.rng.bernoulli(probs)
 
 
 @dataclass
@@ -286,8 +311,9 @@ class _Enumerator:
         run, call, target, draft, V = self.run, self.call, self.target, self.draft, self.target.vocab_size
 
         def go(rng):
-            run.prompt, run.cut, run.target_calls = ctx, self.merge, 0
-            return ("done", check_output(tokens_of(call(target, draft, list(ctx), budget, rng)), budget, V))
+            run.start(ctx, self.merge)
+            return ("done", check_output(tokens_of(call(target, draft, list(ctx), budget, _WatchedRng(rng, run))),
+                                         budget, V))
         return go
 
     def explore_branches(self, ctx: tuple[int, ...], budget: int, stack: list, after_run=None) -> _Round:
@@ -456,8 +482,9 @@ def first_round(
     watched_d = _Model(draft, run, False) if draft is not None else None
 
     def go(rng):
-        run.target_calls = 0
-        out = sampler(watched_t, watched_d, list(prompt), gamma=gamma, max_new_tokens=budget, rng=rng, eos=eos)
+        run.start(tuple(prompt), True)
+        out = sampler(watched_t, watched_d, list(prompt), gamma=gamma, max_new_tokens=budget, rng=_WatchedRng(rng, run),
+                      eos=eos)
         return ("done", check_output(tokens_of(out), budget, target.vocab_size))
 
     outcomes: dict[tuple[int, int], float] = defaultdict(float)
