@@ -261,8 +261,9 @@ def test_rejects_bad_input(impl):
                         names=(argument,))
 
 
-# The goodness-of-fit case: V = 3, T = 2 (9 outputs, each with probability >= 0.01), gamma = 2.
-FIT_PROMPT, FIT_T, FIT_GAMMA = [0], 2, 2
+# The goodness-of-fit case: V = 3, T = 3 (27 outputs, each with probability >= 0.001), gamma = 2: the first
+# round drafts two tokens, so a bug that needs two draft positions (one uniform shared by both: TV 0.15) shows.
+FIT_PROMPT, FIT_T, FIT_GAMMA = [0], 3, 2
 
 
 def fit_models():
