@@ -236,7 +236,7 @@ class LinearCase:
         w = torch.randn(self.d_out, self.d_in, generator=g, dtype=torch.float64) / self.d_in**0.5
         calib = self.activations(g, 16, self.outliers if self.calib_outliers is None else self.calib_outliers) \
             if self.calib else None
-        x = x.reshape(*(self.lead or (self.n,)), self.d_in)  # (..., in)
+        x = x.reshape(*((self.n,) if self.lead is None else self.lead), self.d_in)  # (..., in); () for one token
         return tuple(None if t is None else t.to(dtype_of(self.dtype)).to(self.device) for t in (x, w, calib))
 
     def activations(self, g: torch.Generator, n: int, outliers: tuple[int, ...]) -> torch.Tensor:
@@ -260,15 +260,13 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
     n = draw(st.integers(1, 24))
     outliers = draw(st.sets(st.integers(0, d_in - 1), min_size=min_outliers, max_size=min(3, d_in - plain_columns)))
     calib_outliers = draw(st.one_of(st.none(), st.sets(st.integers(0, d_in - 1), max_size=3).map(sorted).map(tuple)))
-    lead = (n,)
-    if leading_dims:
-        lead = draw(st.sampled_from([(n,), (1, n)] + [(a, n // a) for a in (2, 3, 4) if n % a == 0]
-                                    + ([()] if n == 1 else [])))
-    return LinearCase(calib_outliers=calib_outliers, lead=lead,
+    lead = draw(st.sampled_from([(n,), (1, n)] + [(a, n // a) for a in (2, 3, 4) if n % a == 0]
+                                + ([()] if n == 1 else []))) if leading_dims else None
+    return LinearCase(
         n=n, d_in=d_in, d_out=draw(st.integers(1, 32)), bits=draw(st.integers(2, 8)),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds), outliers=tuple(sorted(outliers)),
         zero_tokens=draw(st.integers(1, n)) if zero_tokens else 0, calib=draw(st.booleans()),
-        device=draw(st.sampled_from(devices)),
+        device=draw(st.sampled_from(devices)), calib_outliers=calib_outliers, lead=lead,
     )
 
 
