@@ -18,7 +18,10 @@ BUGS = {
     "reads_last_block_tail": "masks by whole blocks: the unused tail of the last block is attended to",
     "ignores_block_table": "assumes physical block i is logical block i (contiguous allocation)",
     "masks_scores_not_values": "masks the scores but multiplies 0 probabilities by the garbage values",
+    "v2_combine_unrescaled": "vLLM V2's reduce weights each 512-token partition by its l_i without e^(m_i - m): "
+                             "exact until a sequence spans two partitions",
 }
+KILLERS = {"v2_combine_unrescaled": ("decode_matches_contiguous_attention",)}  # needs > 512 keys: long decodes
 
 
 def buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None, bug=""):
@@ -45,10 +48,6 @@ def buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal
         return finalize(total).to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d)
     return (p @ v).reshape(B, H, Nq, d)  # (B, H, Nq, d)
 
-
-KILLERS = {"v2_combine_unrescaled": ("decode_matches_contiguous_attention",)}  # needs > 512 keys: decode
-BUGS["v2_combine_unrescaled"] = ("vLLM V2's reduce weights each 512-token partition by its l_i without "
-                                 "e^(m_i - m): exact until a sequence spans two partitions")
 
 for _bug, _what in BUGS.items():
     register("paged_attention", f"mutant_{_bug}", devices=("cpu", "cuda"), mutant=True, bug=_what,
