@@ -312,8 +312,8 @@ class _Enumerator:
 
         def go(rng):
             run.start(ctx, self.merge)
-            return ("done", check_output(tokens_of(call(target, draft, list(ctx), budget, _WatchedRng(rng, run))),
-                                         budget, V))
+            out = call(target, draft, prompt := list(ctx), budget, _WatchedRng(rng, run))
+            return ("done", check_output(tokens_of(out), budget, V, prompt, ctx))
         return go
 
     def explore_branches(self, ctx: tuple[int, ...], budget: int, stack: list, after_run=None) -> _Round:
@@ -483,9 +483,10 @@ def first_round(
 
     def go(rng):
         run.start(tuple(prompt), True)
-        out = sampler(watched_t, watched_d, list(prompt), gamma=gamma, max_new_tokens=budget, rng=_WatchedRng(rng, run),
+        given = list(prompt)
+        out = sampler(watched_t, watched_d, given, gamma=gamma, max_new_tokens=budget, rng=_WatchedRng(rng, run),
                       eos=eos)
-        return ("done", check_output(tokens_of(out), budget, target.vocab_size))
+        return ("done", check_output(tokens_of(out), budget, target.vocab_size, given, tuple(prompt)))
 
     outcomes: dict[tuple[int, int], float] = defaultdict(float)
     for (_, tokens), prob in explore(go):
@@ -493,7 +494,11 @@ def first_round(
     return dict(outcomes)
 
 
-def check_output(tokens: list, budget: int, vocab_size: int) -> tuple[int, ...]:
+def check_output(tokens: list, budget: int, vocab_size: int, given: list, prompt: tuple) -> tuple[int, ...]:
+    """The tokens as a tuple, once they and the prompt list the sampler was given pass the contract."""
+    if tuple(given) != prompt:  # `ctx = prompt; ctx += ...`: the caller's prompt grows (a real aliasing bug)
+        raise AssertionError(f"mutated its input prompt: {list(prompt)} became {given} (inputs must be left "
+                             "unchanged; copy a list before extending it)")
     if len(tokens) > budget:
         raise AssertionError(f"sampler returned {len(tokens)} tokens, more than max_new_tokens={budget}")
     if set(map(type, tokens)) <= _INT and (not tokens or 0 <= min(tokens) and max(tokens) < vocab_size):

@@ -48,6 +48,7 @@ def guarded_call(
     named = {**dict(zip(arg_names, args, strict=False)), **{f"argument {i}": a for i, a in enumerate(args)
                                                              if i >= len(arg_names)}, **kwargs, **(watch or {})}
     before = [(path, t.clone()) for path, t in _tensors(named)]
+    lists = [(path, seq, list(seq)) for path, seq in _lists(named)]  # a prompt or token list kept by reference
     box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
     if box is None:
         _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
@@ -58,6 +59,10 @@ def guarded_call(
     for (path, old), (_, new) in zip(before, _tensors(named), strict=True):
         if not _same(old, new):
             raise ContractViolation(f"mutated its input {path} (inputs must be left unchanged)")
+    for path, seq, old in lists:
+        if len(seq) != len(old) or not all(a is b or (_plain(a) and a == b) for a, b in zip(seq, old, strict=True)):
+            raise ContractViolation(f"mutated its input {path}: {_shown(old)} became {_shown(seq)} "
+                                    "(inputs must be left unchanged; copy a list before extending it)")
     return box["out"]
 
 
@@ -172,6 +177,28 @@ def _tensors(obj: Any, path: str = "input") -> Iterator[tuple[str, torch.Tensor]
     elif isinstance(obj, list | tuple):
         for i, value in enumerate(obj):
             yield from _tensors(value, f"{path}[{i}]")
+
+
+def _lists(obj: Any, path: str = "input") -> Iterator[tuple[str, list]]:
+    """Every list among the inputs (a prompt, a token list, a list of prompts), nested ones included."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _lists(value, f"{key!s}")
+    elif isinstance(obj, list | tuple):
+        if isinstance(obj, list):
+            yield path, obj
+        for i, value in enumerate(obj):
+            yield from _lists(value, f"{path}[{i}]")
+
+
+def _plain(value: Any) -> bool:
+    """A value compared by ==: a number or a string (a tensor element is compared by identity, its contents
+    by the tensor check; an inner list by its own entry)."""
+    return isinstance(value, int | float | str | bool | None)
+
+
+def _shown(seq: list) -> str:
+    return repr(seq) if len(seq) <= 12 else f"{repr(seq[:12])[:-1]}, ... ({len(seq)} items)]"
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -1,5 +1,6 @@
-"""Attention plugins that break the contract in the ways the guard must report, one per function, and one
-that keeps it (properties/test_plugin_verdicts.py checks each gets its own verdict and the run goes on)."""
+"""Plugins that break their contract in the ways the guard must report, one per function: for attention one
+of each kind and one that keeps the contract, then one for every other technique (each a real bug's shape).
+properties/test_plugin_verdicts.py checks that each gets its own verdict and the run goes on."""
 
 import os
 import time
@@ -8,6 +9,13 @@ import torch
 
 from harness.plugins import declare
 from impls.attention.naive import naive_attention
+from impls.attention_backward.naive import naive_attention_backward
+from impls.kvcache.concat import ConcatDecoder
+from impls.paged_attention.gather import gather_then_attend
+from impls.paging.simple import SimpleBlockManager
+from impls.quantization.absmax import absmax
+from impls.quantization.w8a8 import w8a8_linear
+from impls.speculative.standard import speculative
 
 
 def correct(q, k, v, *, causal=False, scale=None):
@@ -43,3 +51,49 @@ def mutates(q, k, v, *, causal=False, scale=None):
 
 def crashes(q, k, v, *, causal=False, scale=None):
     os._exit(3)
+
+
+# ---- one for every other technique ------------------------------------------------------------------
+
+
+def backward_two_gradients(q, k, v, o, lse, do, *, causal=False, scale=None):
+    return naive_attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale)[:2]  # dv forgotten
+
+
+def paged_advances_seq_lens(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None):
+    out = gather_then_attend(q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale)
+    seq_lens += 1  # the decode loop's "one more token" done inside the kernel, on the caller's tensor
+    return out
+
+
+@declare(dtypes=("float64", "float32"), caps={"call_limit_s": 1})
+class KVStepHangs(ConcatDecoder):
+    def step(self, tokens):
+        time.sleep(3600)
+
+
+class BlockManagerKeepsTokens(SimpleBlockManager):
+    """Keeps the caller's token list as its own and appends to it: the caller's prompt grows."""
+
+    def allocate(self, seq_id, tokens):
+        cached = super().allocate(seq_id, tokens)
+        self.seqs[seq_id].tokens = tokens
+        return cached
+
+
+@declare(dtypes=("float64", "float32"))
+def quantization_nan_scale(w, *, bits, granularity="channel", group_size=None):
+    codes, scale, zero = absmax(w, bits=bits, granularity=granularity, group_size=group_size)
+    return codes, torch.where(scale > 0, scale, float("nan")), zero  # an all-zero group's scale left as 0/0
+
+
+@declare(dtypes=("float64", "float32"))
+def linear_transposed(x, w, *, bits=8, calib=None):
+    return w8a8_linear(x, w, bits=bits, calib=calib).transpose(-1, -2)  # (out, tokens)
+
+
+@declare(dtypes=("float64",))
+def speculative_extends_prompt(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+    generation = speculative(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos)
+    prompt += generation.tokens  # ctx = prompt; ctx += ... on the caller's list
+    return generation

@@ -76,16 +76,24 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             self.swapped: set[int] = set()
             self.preempted: dict[int, list[int]] = {}  # preempted by recompute -> tokens to recompute
             self.history: list[list[int]] = []
+            self.given: list[tuple[list[int], tuple[int, ...]]] = []  # lists handed to the manager, as handed
             self.next_id = 0
+
+        def hand(self, tokens) -> list[int]:
+            """A fresh list for the manager, remembered: a manager that keeps it and appends to it (aliasing the
+            caller's prompt) shows up in `bookkeeping`."""
+            self.given.append((given := list(tokens), tuple(tokens)))
+            return given
 
         def resident(self):
             return sorted(set(self.shadow) - self.swapped)
 
         def _allocate(self, sid, tokens):
             self.shadow[sid] = list(tokens)
-            free, promised, writes = self.m.num_free_blocks(), self.m.lookup_prefix(list(tokens)), self.storage.writes
+            free, writes = self.m.num_free_blocks(), self.storage.writes
+            promised = self.m.lookup_prefix(self.hand(tokens))
             try:
-                cached = self.m.allocate(sid, list(tokens))
+                cached = self.m.allocate(sid, self.hand(tokens))
             except OutOfBlocks:
                 del self.shadow[sid]
                 assert free < -(-len(tokens) // self.B), f"allocate raised OutOfBlocks with {free} blocks free"
@@ -156,7 +164,7 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         @rule(data=st.data())
         def lookup_prefix(self, data):
             tokens = data.draw(prompts(self.history[-8:], self.B), label="lookup")
-            cached = self.m.lookup_prefix(tokens)
+            cached = self.m.lookup_prefix(self.hand(tokens))
             assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"lookup_prefix reported {cached}"
 
         @precondition(lambda self: self.resident())
@@ -188,6 +196,9 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         def bookkeeping(self):
             if "bookkeeping" not in checks or not hasattr(self, "m"):
                 return
+            for given, handed in self.given:
+                assert tuple(given) == handed, (f"the token list {list(handed)} handed to allocate/lookup_prefix "
+                                                f"became {given}: the manager kept the caller's list and changed it")
             n = self.g.num_blocks
             entries = [0] * n
             for sid, tokens in self.shadow.items():

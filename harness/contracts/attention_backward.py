@@ -65,6 +65,7 @@ def call(impl: Impl, q, k, v, o, lse, do, *, causal: bool, scale: float | None):
     out = guarded_call(impl.fn, q, k, v, o, lse, do, causal=causal, scale=scale,
                        arg_names=("q", "k", "v", "o", "lse", "do"), timeout_s=call_limit(impl))
     if not (isinstance(out, tuple | list) and len(out) == 3):
-        raise ContractViolation(f"{impl.name}: returned {type(out).__name__}, expected a tuple (dq, dk, dv)")
+        got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple | list) else type(out).__name__
+        raise ContractViolation(f"{impl.name}: returned {got}, expected a tuple (dq, dk, dv)")
     return tuple(check_tensor(g, what=f"{impl.name} {name}", shape=tuple(x.shape), dtype=x.dtype, device=x.device)
                  for g, name, x in zip(out, ("dq", "dk", "dv"), (q, k, v), strict=True))

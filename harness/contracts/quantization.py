@@ -106,7 +106,8 @@ def call(impl: Impl, w: torch.Tensor, *, bits: int, granularity: str, group_size
     out = guarded_call(impl.fn, w, bits=bits, granularity=granularity, group_size=group_size, arg_names=("w",),
                        timeout_s=call_limit(impl))
     if not (isinstance(out, tuple) and len(out) in (2, 3)):
-        raise ContractViolation(f"{impl.name}: returned {type(out).__name__}, expected Quantized(codes, scale, zero)")
+        got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple) else type(out).__name__
+        raise ContractViolation(f"{impl.name}: returned {got}, expected Quantized(codes, scale, zero)")
     qt = Quantized(*out)
     check_tensor(qt.codes, what=f"{impl.name} codes", shape=tuple(w.shape), device=w.device)
     if qt.codes.is_floating_point() or qt.codes.is_complex():
