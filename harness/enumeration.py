@@ -11,11 +11,15 @@ Rounds are merged (``merge=True``, the default).  The first model call after the
 whose single prefix extends the prompt (by e) may start round two: if it ends in the token of the last
 categorical draw since the target call (a round ends by drawing its last token), the run is cut there
 and the rest of the distribution is the (memoized) distribution of the sampler started afresh from
-prompt + e with the budget left, composed once per distinct e; otherwise (a draft catching up on the
-drafted tokens, a round that drew no last token) the run is played out to the end, which is always
-exact.  Cutting is exact for samplers whose rounds depend only on the tokens so far (the contract asks
-for it: no state carried between rounds, such as an adaptive gamma); a sampler that carries state
-declares ``caps={"markov": False}`` and is enumerated run by run.
+prompt + e with the budget left, composed once per distinct e; otherwise the run is played out to the
+end, which is always exact.  That call cannot tell a draft catching up on the drafted tokens before the
+draw from the start of a round that drew no last token (all drafts accepted, no bonus): both call the
+draft on the verified prefix.  A sampler whose every round ends with a draw may declare its calls
+before it catch-up calls (``catch_up=True``, from ``caps={"catch_up_calls": True}``): the watch then
+goes on to the first call that ends in a token drawn since the target call.  Cutting is exact for
+samplers whose rounds depend only on the tokens so far (the contract asks for it: no state carried
+between rounds, such as an adaptive gamma); a sampler that carries state declares
+``caps={"markov": False}`` and is enumerated run by run.
 
 Cost: one run per branch of a round, so at least one per distinct output of a round (V^(gamma+1) for a
 fully accepted round); a run replays its recorded choices without reading a tensor, but the sampler's
@@ -157,10 +161,11 @@ class _Model:
         run = self.run
         if run.cut and run.target_calls and len(prefixes) == 1:
             x, prompt = prefixes[0], run.prompt
-            if len(x) > len(prompt) and tuple(x[: len(prompt)]) == prompt:  # the first call that may start round 2
+            if len(x) > len(prompt) and tuple(x[: len(prompt)]) == prompt:  # a call that may start round two
                 if x[-1] == run.last_draw:
                     raise _Cut(tuple(x[len(prompt) :]))
-                run.cut = False  # no token drawn since the target call, or another one: play this run out
+                run.cut = run.catch_up  # no token drawn since the target call, or another one: play this run
+                # out, unless the sampler declared that its calls before the round's last draw are catch-up calls
         if self.is_target:
             run.target_calls += 1
             run.last_draw = None
@@ -191,6 +196,7 @@ class _Model:
 class _Run:
     prompt: tuple[int, ...] = ()
     cut: bool = True
+    catch_up: bool = False  # calls between the target call and the round's last draw belong to the round
     target_calls: int = 0
     last_draw: int | None = None  # the token of the last categorical draw since the last target call
 
@@ -250,7 +256,8 @@ def default_workers() -> int:
 
 def exact_distribution(
     sampler: Callable, target: LM, draft: LM | None, prompt: Sequence[int], *, gamma: int, T: int,
-    eos: int | None = None, merge: bool = True, progress: bool = False, workers: int | None = None,
+    eos: int | None = None, merge: bool = True, catch_up: bool = False, progress: bool = False,
+    workers: int | None = None,
     parallel_after_runs: int = PARALLEL_AFTER_RUNS, **kwargs,
 ) -> Enumeration:
     """The exact distribution of the first T tokens ``sampler`` generates (a budget of T tokens).
@@ -272,6 +279,7 @@ def exact_distribution(
         return sampler(t, d, ctx, gamma=gamma, max_new_tokens=budget, rng=rng, eos=eos, **kwargs)
 
     enumerator = _Enumerator(call, target, draft, merge, workers, parallel_after_runs, progress)
+    enumerator.run.catch_up = catch_up
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
@@ -474,10 +482,10 @@ class _Workers:
 
 def first_round(
     sampler: Callable, target: LM, draft: LM | None, prompt: Sequence[int], *, gamma: int, budget: int,
-    eos: int | None = None,
+    eos: int | None = None, catch_up: bool = False,
 ) -> dict[tuple[int, int], float]:
     """Exact distribution of (tokens emitted, target calls made) in the sampler's first round."""
-    run = _Run(tuple(prompt))
+    run = _Run(tuple(prompt), catch_up=catch_up)
     watched_t = _Model(target, run, True)
     watched_d = _Model(draft, run, False) if draft is not None else None
 

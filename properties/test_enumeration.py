@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.enumeration import ReplayRng, exact_distribution, explore, max_difference
+from harness.enumeration import ReplayRng, exact_distribution, explore, first_round, max_difference
 from harness.lm import Counted, TableLM, Tempered, TorchRng
 from harness.references import autoregressive_distribution
 from harness.strategies import speculative_cases
@@ -55,6 +55,40 @@ def test_merged_rounds_equal_run_by_run_enumeration(case):
     err, where = max_difference(merged.dist, whole.dist)
     assert err <= FLOAT64_IDENTITY, f"merged and run-by-run enumerations differ at {where} by {err:.3g}"
     assert merged.mass_error <= FLOAT64_IDENTITY and whole.mass_error <= FLOAT64_IDENTITY
+
+
+class CatchingUp:
+    """The target as a sampler with a cached draft sees it: after each verify call the draft catches up on
+    the drafted tokens, before the round's last draw."""
+
+    def __init__(self, target, draft) -> None:
+        self.target, self.draft, self.vocab_size = target, draft, target.vocab_size
+
+    def __call__(self, prefixes, n=1):
+        rows = self.target(prefixes, n)
+        self.draft(prefixes)  # its rows are not used: a cache warm-up
+        return rows
+
+
+def catching_up(target, draft, prompt, **kw):
+    return speculative(CatchingUp(target, draft), draft, prompt, **kw)
+
+
+@given(case=speculative_cases(max_T=3))
+def test_catch_up_calls_are_part_of_their_round(case):
+    """A sampler calling its draft between the verify call and the round's last draw: declared (catch_up),
+    its rounds are merged at the right place and the first round makes one target call; undeclared, its runs
+    are played out.  Both equal the run-by-run distribution."""
+    target, draft = case.models()
+    kw = dict(gamma=case.gamma, T=case.T, eos=case.eos)
+    whole = exact_distribution(catching_up, target, draft, list(case.prompt), merge=False, **kw).dist
+    for catch_up in (True, False):
+        merged = exact_distribution(catching_up, target, draft, list(case.prompt), catch_up=catch_up, **kw)
+        err, where = max_difference(merged.dist, whole)
+        assert err <= FLOAT64_IDENTITY, f"catch_up={catch_up}: merged and run-by-run differ at {where} by {err:.3g}"
+    rounds = first_round(catching_up, target, draft, list(case.prompt), gamma=case.gamma, budget=case.gamma + 1,
+                         eos=case.eos, catch_up=True)
+    assert {calls for (_, calls), prob in rounds.items() if prob > 0} == {1}, f"first round: {rounds}"
 
 
 @given(case=speculative_cases(max_gamma=2, max_T=2), other=st.lists(st.integers(0, 1), min_size=1, max_size=2))
