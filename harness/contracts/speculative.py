@@ -16,7 +16,10 @@
   otherwise.  A sampler that calls a model between its verify call and the draw of the round's last
   token (a cached draft catching up on the drafted tokens), and whose every round ends with that draw,
   declares ``caps={"catch_up_calls": True}``: without it the enumeration cannot tell such a call from
-  the start of a round that drew no last token, and plays every run out (exact, but slow).
+  the start of a round that drew no last token, and plays every run out (exact, but slow).  A sampler
+  that drafts fewer than gamma tokens where it likes (stopping when the draft is unsure) declares
+  ``caps={"adaptive_gamma": True}``: tokens per call is then bounded by the fixed-gamma formula, not
+  equal to it.
 * Returns a `Generation` (or a plain list of tokens): the tokens and one `Round` per round.
 * Bad input -- gamma < 1, models with different vocabularies, an empty prompt, distributions that are
   negative, NaN or do not sum to one -- raises ValueError naming the argument (`check_inputs`,

@@ -21,17 +21,24 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 @register("speculative", "standard", dtypes=("float64",),
           cite="Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2")
 def speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+    return speculate(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos)
+
+
+def speculate(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None, unsure=0.0):
+    """The algorithm; drafting stops early after a token the draft drew with probability below ``unsure``."""
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
     target, draft = validated(target, "target"), validated(draft, "draft")
     out, rounds = [], []
     while len(out) < max_new_tokens and (not out or out[-1] != eos):
         ctx = [*prompt, *out]
-        k = min(gamma, max_new_tokens - len(out) - 1)  # drafts beyond the budget could never be emitted
         xs, qs = [], []
-        for _ in range(k):
+        while len(xs) < min(gamma, max_new_tokens - len(out) - 1):  # drafts past the budget could never be emitted
             q = draft([ctx + xs])[0, -1]  # (V,)
             xs.append(int(rng.categorical(q)))
             qs.append(q)
+            if float(q[xs[-1]]) < unsure:
+                break
+        k = len(xs)
         p = target([ctx + xs], k + 1)[0]  # (k + 1, V): p_1 .. p_{k+1} in one call
         n = 0  # x_n is accepted with probability min(1, p_n(x_n) / q_n(x_n)), read as two floats
         while n < k and bool(rng.bernoulli(min(1.0, float(p[n, xs[n]]) / float(qs[n][xs[n]])))):
