@@ -35,8 +35,9 @@ def head_counts(draw: st.DrawFn) -> tuple[int, int]:
     return Hkv * draw(st.sampled_from([g for g in (1, 2, 3, 4) if Hkv * g <= 6])), Hkv
 
 
-# None (1/sqrt(d)), 0 (uniform weights: `scale or 1/sqrt(d)` reads it as None), or a value in [0.01, 2]
-scales = st.one_of(st.none(), st.just(0.0), st.floats(0.01, 2.0))
+# None (1/sqrt(d)), 0 (uniform weights: `scale or 1/sqrt(d)` reads it as None), a value in [0.01, 2], or a
+# negative one (the contract allows any finite scale: a kernel taking |scale| is wrong there)
+scales = st.one_of(st.none(), st.just(0.0), st.floats(0.01, 2.0), st.floats(-2.0, -0.01))
 
 
 def generator(seed: int, device: str = "cpu") -> torch.Generator:
@@ -59,13 +60,19 @@ class AttentionCase:
     seed: int
     magnitude: float = 1.0  # multiplies q: large values give logits of 1e3-1e4
     device: str = "cpu"
+    layout: str = "BHNd"  # or "BNHd": (B, N, H, d) memory seen as (B, H, N, d), as a projection's heads are
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         g = generator(self.seed)
         q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64) * self.magnitude
         k = torch.randn(self.B, self.Hkv, self.Nk, self.d, generator=g, dtype=torch.float64)
         v = torch.randn(self.B, self.Hkv, self.Nk, self.d, generator=g, dtype=torch.float64)
-        return tuple(t.to(dtype_of(self.dtype)).to(self.device) for t in (q, k, v))
+        return tuple(self.laid_out(t) for t in (q, k, v))
+
+    def laid_out(self, t: torch.Tensor) -> torch.Tensor:
+        """t in the case's dtype, device and memory layout (the same values either way)."""
+        t = t.to(dtype_of(self.dtype)).to(self.device)
+        return t.transpose(1, 2).contiguous().transpose(1, 2) if self.layout == "BNHd" else t  # strides of (B, N, H, d)
 
 
 @st.composite
@@ -76,17 +83,18 @@ def attention_cases(
     max_len: int = 300,
     causal: bool | None = None,
     magnitude: st.SearchStrategy[float] | None = None,
+    max_d: int = 128,
 ) -> AttentionCase:
     H, Hkv = draw(head_counts())
     Nk = draw(lengths(max_len))
     Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
-    d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, 128)))
+    d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, max_d)))
     return AttentionCase(
         B=draw(st.integers(1, 2)), H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d,
         causal=draw(st.booleans()) if causal is None else causal,
         scale=draw(scales), dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds),
         magnitude=draw(magnitude) if magnitude is not None else 1.0,
-        device=draw(st.sampled_from(devices)),
+        device=draw(st.sampled_from(devices)), layout=draw(st.sampled_from(["BHNd", "BNHd"])),
     )
 
 
@@ -108,8 +116,7 @@ def output_grad(case: AttentionCase) -> torch.Tensor:
     """dO for a backward case, in q's shape/dtype/device: a fixed function of the case's seed, so a
     printed counterexample regenerates it."""
     g = generator(case.seed ^ 0x5EED)
-    do = torch.randn(case.B, case.H, case.Nq, case.d, generator=g, dtype=torch.float64)
-    return do.to(dtype_of(case.dtype)).to(case.device)
+    return case.laid_out(torch.randn(case.B, case.H, case.Nq, case.d, generator=g, dtype=torch.float64))
 
 
 @st.composite
