@@ -98,6 +98,20 @@ def attention_cases(
     )
 
 
+@st.composite
+def long_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
+               max_len: int = 1100, max_d: int = 256, long_queries: bool = False) -> AttentionCase:
+    """Up to 8 queries against many keys (decode, a speculative verify): past the 512-key partitions of
+    split-K decoding and the 128-key tiles of FlashAttention, with head dims up to 256 (past the 128 that
+    kernels specialise for).  ``long_queries``: half the time many queries against few keys instead (dK and
+    dV summed over query tiles)."""
+    case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=8))
+    n = draw(st.one_of(st.sampled_from([n for n in (129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)
+                                        if n <= max_len]), st.integers(129, max_len)))
+    d = draw(st.one_of(st.sampled_from([d for d in (1, 128, 129, 192, 256) if d <= max_d]), st.integers(1, max_d)))
+    return AttentionCase(**{**case.__dict__, "Nq" if long_queries and draw(st.booleans()) else "Nk": n, "d": d})
+
+
 # (m, l, acc) partials of the online-softmax merge: scores of a few disjoint key blocks.
 @st.composite
 def score_blocks(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

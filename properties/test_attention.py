@@ -14,9 +14,15 @@ from hypothesis import strategies as st
 from harness.contracts.attention import call, causal_allowed
 from harness.devices import available, unavailable_reason
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
-from harness.references import attention64, attention_plain, attention_score_conditioning
+from harness.references import (
+    attention64,
+    attention_lse64,
+    attention_lse_plain,
+    attention_plain,
+    attention_score_conditioning,
+)
 from harness.runner import applies, needs_dtype
-from harness.strategies import AttentionCase, attention_cases, score_blocks
+from harness.strategies import AttentionCase, attention_cases, long_cases, score_blocks
 from harness.tolerance import FLOAT64_IDENTITY, HIGH_PRECISION, assert_earned, dtype_of, earned_bound
 from impls.attention.merge import Partial, finalize, identity, merge, partial
 
@@ -42,6 +48,45 @@ def test_matches_reference(impl, data):
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
     truth, plain = truth_and_plain(case, q, k, v)
     assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
+
+
+def declared_max_len(impl):
+    return impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: checked up to that length elsewhere"
+
+
+@applies(unavailable_reason)
+@applies(declared_max_len)
+@given(data=st.data())
+def test_long_keys_and_wide_heads(impl, data):
+    """Up to 8 queries against up to 1100 keys (past split-K's 512-key partitions and 128-key tiles) and head
+    dims up to 256: the float64 reference within the earned tolerance, as everywhere."""
+    case = data.draw(long_cases(dtypes=impl.dtypes, devices=available(impl.devices)), label="case")
+    q, k, v = case.tensors()
+    out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
+    truth, plain = truth_and_plain(case, q, k, v)
+    assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
+
+
+@applies(unavailable_reason)
+@applies(lambda impl: None if impl.cap("returns_lse") else "does not declare returns_lse (returns o only)")
+@given(data=st.data())
+def test_returned_lse_is_logsumexp_of_scaled_scores(impl, data):
+    """A forward declaring returns_lse returns (o, L) with L = torch.logsumexp of the scaled, masked scores
+    (natural log: the backward recomputes P = exp(S - L)); -inf exactly on rows that see no key."""
+    case = draw_case(data, impl)
+    q, k, v = case.tensors()
+    o, lse = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, return_lse=True,
+                          arg_names=("q", "k", "v"), timeout_s=call_limit(impl))
+    truth_o, truth = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
+    assert lse.shape == q.shape[:-1] and lse.dtype in (torch.float32, torch.float64), (
+        f"{impl.name}: L of shape {tuple(lse.shape)} and dtype {lse.dtype}, expected {tuple(q.shape[:-1])}, float32/64")
+    blind = truth.isinf()
+    assert torch.equal(lse.isinf() & (lse < 0), blind), f"{impl.name}: L = -inf exactly on rows that see no key"
+    plain = [p.masked_fill(blind, 0) for p in attention_lse_plain(q, k, v, causal=case.causal, scale=case.scale)]
+    assert_earned(lse.masked_fill(blind, 0), truth.masked_fill(blind, 0), plain, dtype_of(case.dtype),
+                  what=f"{impl.name} L vs float64 logsumexp")
+    assert_earned(o, truth_o, attention_plain(q, k, v, causal=case.causal, scale=case.scale), dtype_of(case.dtype),
+                  what=f"{impl.name} o (returned with L) vs float64 reference")
 
 
 @applies(unavailable_reason)
