@@ -15,12 +15,16 @@ BUGS = {
     "causal_top_left": "causal mask aligned top-left (j <= i) instead of bottom-right when Nq != Nk",
     "drops_partial_tile": "the partial last key tile (Nk % Bc keys) is never visited",
     "unscaled_scores": "default scale 1 instead of 1/sqrt(d)",
+    "contiguous_strides": "q, k, v read through their data pointers with contiguous strides: heads viewed out of "
+                          "a (B, N, H, d) projection are read as garbage",
 }
 KILLED_BY = {name: ("matches_reference",) for name in BUGS}
 
 
 def buggy_attention(q, k, v, *, causal=False, scale=None, bug: str, Br=32, Bc=32):
     scale = 1.0 if bug == "unscaled_scores" and scale is None else check_inputs(q, k, v, scale, causal)
+    if bug == "contiguous_strides":
+        q, k, v = (as_if_contiguous(t) for t in (q, k, v))
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     qg = q.reshape(B, Hkv, H // Hkv, Nq, d).double()  # (B, Hkv, G, Nq, d)
     kT, vg = k[:, :, None].transpose(-1, -2).double(), v[:, :, None].double()  # (B,Hkv,1,d,Nk), (B,Hkv,1,Nk,d)
@@ -52,6 +56,11 @@ def buggy_attention(q, k, v, *, causal=False, scale=None, bug: str, Br=32, Bc=32
             m = m_new
         out[..., i0:i1, :] = torch.where(l[..., None] > 0, acc / torch.where(l > 0, l, 1)[..., None], 0)
     return out.to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d)
+
+
+def as_if_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t's storage from its first element, read with the strides of a contiguous tensor of its shape."""
+    return t.as_strided(t.shape, torch.empty(t.shape, device="meta").stride())
 
 
 for _bug, _what in BUGS.items():

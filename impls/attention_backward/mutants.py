@@ -8,6 +8,7 @@ import torch
 
 from harness.contracts.attention_backward import check_backward_inputs
 from harness.registry import register
+from impls.attention.mutants import as_if_contiguous
 
 BUGS = {
     "unmasked_key_padding": "K/V padded to a multiple of the tile with unwritten (NaN) slots and keys past Nk "
@@ -16,6 +17,8 @@ BUGS = {
     "delta_from_q": "D_i computed from the wrong (same-shaped) tensor, dO_i . Q_i instead of dO_i . O_i",
     "gqa_first_head_only": "dK, dV of a shared kv head taken from the first query head of its group, not summed",
     "masked_row_nan": "L = -inf of a row that sees no key used unguarded: exp(-inf - (-inf)) = NaN",
+    "dq_overwritten": "a query tile's dQ assigned by each key tile instead of accumulated (only the last one counts)",
+    "do_read_contiguous": "dO read through its data pointer with contiguous strides (autograd hands a transposed dO)",
 }
 KILLED_BY = {
     "unmasked_key_padding": ("matches_reference",),
@@ -23,11 +26,14 @@ KILLED_BY = {
     "delta_from_q": ("key_gradients_sum_to_zero",),
     "gqa_first_head_only": ("matches_reference",),
     "masked_row_nan": ("fully_masked_rows_give_zero_gradients",),
+    "dq_overwritten": ("matches_reference",),
+    "do_read_contiguous": ("matches_reference",),
 }
 
 
 def buggy_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, bug: str, Br=32, Bc=32):
     scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
+    do = as_if_contiguous(do) if bug == "do_read_contiguous" else do
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d).double() for t in (q, o, do))  # (B, Hkv, G, Nq, d)
     kg, vg = k[:, :, None].double(), v[:, :, None].double()  # (B, Hkv, 1, Nk, d)
@@ -52,7 +58,10 @@ def buggy_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
                 s = s.masked_fill(j[None, :] > i[:, None] + Nk - Nq, float("-inf"))  # (Br, Bc) mask
             p = torch.exp(s - L[..., i0:i1, None])  # (B, Hkv, G, Br, Bc)
             ds = p * (dog[..., i0:i1, :] @ vj.transpose(-1, -2) - D[..., i0:i1, None])  # (B, Hkv, G, Br, Bc)
-            dq[..., i0:i1, :] += ds @ kj * scale
+            if bug == "dq_overwritten":
+                dq[..., i0:i1, :] = ds @ kj * scale
+            else:
+                dq[..., i0:i1, :] += ds @ kj * scale
             dvj, dkj = p.transpose(-1, -2) @ dog[..., i0:i1, :], ds.transpose(-1, -2) @ qg[..., i0:i1, :] * scale
             head = slice(0, 1) if bug == "gqa_first_head_only" else slice(None)  # (B, Hkv, G, Bc, d) -> group sum
             dv[..., j0:j1, :] += dvj[:, :, head].sum(dim=2)
