@@ -155,8 +155,11 @@ class PoolGeometry:
 
 
 def pool_geometries() -> st.SearchStrategy[PoolGeometry]:
-    """Small pools, so that running out of blocks, eviction and reuse of evicted blocks all happen."""
-    return st.builds(PoolGeometry, st.sampled_from([1, 2, 3, 4]), st.integers(0, 12), st.integers(0, 6))
+    """Pools of 2-12 blocks (a prompt takes at most 5), so that sequences fit, share blocks, run out, evict and
+    reuse evicted blocks; one pool in eight has 0 or 1 block, where nearly every request runs out."""
+    num_blocks = st.sampled_from([False] * 7 + [True]).flatmap(
+        lambda tiny: st.integers(0, 1) if tiny else st.integers(2, 12))
+    return st.builds(PoolGeometry, st.sampled_from([1, 2, 3, 4]), num_blocks, st.integers(0, 6))
 
 
 def token_lists(block_size: int, min_size: int = 1) -> st.SearchStrategy[list[int]]:
@@ -165,8 +168,9 @@ def token_lists(block_size: int, min_size: int = 1) -> st.SearchStrategy[list[in
 
 @st.composite
 def prompts(draw: st.DrawFn, history: list[list[int]], block_size: int) -> list[int]:
-    """A prompt: fresh; an earlier prompt's prefix (cut mostly at a block boundary) plus new tokens; or an
-    earlier prompt with one token of its first block changed -- equal later blocks under another prefix."""
+    """A prompt: fresh; a prefix of one of ``history`` (earlier prompts, live sequences' tokens after appends and
+    forks) cut mostly at a block boundary, plus new tokens; or one of ``history`` with one token of its first
+    block changed -- equal later blocks under another prefix."""
     kind = draw(st.sampled_from(["fresh", "shared_prefix", "other_prefix"] if history else ["fresh"]))
     if kind == "fresh":
         return draw(token_lists(block_size))
@@ -176,6 +180,49 @@ def prompts(draw: st.DrawFn, history: list[list[int]], block_size: int) -> list[
         return base[:cut] + draw(token_lists(block_size, min_size=0 if cut else 1))
     j = draw(st.integers(0, min(block_size, len(base)) - 1))
     return [*base[:j], (base[j] + 1) % TOKEN_ALPHABET, *base[j + 1:]]
+
+
+@st.composite
+def appended_tokens(draw: st.DrawFn, current: list[int], sources: list[list[int]], block_size: int,
+                    min_size: int = 1) -> list[int]:
+    """Up to two blocks' worth of tokens to append to a sequence holding ``current``: random, or, where one of
+    ``sources`` extends ``current``, its next tokens -- a decode that reproduces another request's tokens, so the
+    blocks it fills duplicate cached ones (the cache keeps one of them) and hash chains run through them."""
+    n = len(current)
+    ahead = sorted({tuple(s[n:]) for s in sources if len(s) > n and s[:n] == current})
+    if ahead and draw(st.booleans()):
+        return list(draw(st.sampled_from(ahead)))[:draw(st.integers(max(min_size, 1), 2 * block_size))]
+    return draw(st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=min_size, max_size=2 * block_size))
+
+
+@dataclass(frozen=True)
+class EvictionProgram:
+    """Steps on one-block prompts, prompt p = [p] * block_size (distinct p: distinct blocks):
+    ("use", p) allocate and free at once; ("hold", p) allocate and keep; ("free", i) free the i-th held sequence
+    (in allocation order); ("lookup", p).  At most num_blocks - 1 sequences are held, so every allocate fits."""
+    num_blocks: int
+    block_size: int
+    steps: tuple[tuple[str, int], ...]
+
+    @property
+    def num_prompts(self) -> int:
+        return self.num_blocks + 3  # a few more prompts than blocks: something is evicted
+
+
+@st.composite
+def eviction_programs(draw: st.DrawFn) -> EvictionProgram:
+    num_blocks, block_size = draw(st.integers(2, 4)), draw(st.integers(1, 3))
+    prompt_ids = st.integers(0, num_blocks + 2)  # EvictionProgram.num_prompts of them
+    steps, held = [], 0
+    for _ in range(draw(st.integers(1, 24))):
+        kinds = ["use", "lookup"] + (["hold"] if held < num_blocks - 1 else []) + (["free"] if held else [])
+        kind = draw(st.sampled_from(kinds))
+        if kind == "free":
+            steps.append((kind, draw(st.integers(0, held - 1))))
+        else:
+            steps.append((kind, draw(prompt_ids)))
+        held += {"hold": 1, "free": -1}.get(kind, 0)
+    return EvictionProgram(num_blocks, block_size, tuple(steps))
 
 
 # ---------------------------------------------------------------------------------------------

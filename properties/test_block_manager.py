@@ -8,11 +8,17 @@ reused under the wrong prefix reads back wrong.  The same machine backs two prop
 different invariants after every step, so each mutant is killed for the reason it declares:
 ``machine_bookkeeping`` (pool conservation, reference counts = block-table entries, honest
 out-of-memory, a whole pool after freeing everything) and ``machine_data`` (what each sequence reads
-through its block table is its shadow, no write into a block whose count exceeds one).
+through its block table is its shadow, no write into a block whose count exceeds one).  Both replay the
+pinned programs (PINNED) first.  The order in which idle cached blocks are evicted depends on choices the
+contract leaves open once sequences share and duplicate blocks, so ``evicts_least_recently_used`` checks
+it on one-block prompts, where it is exact.
 """
 
+import collections
+import functools
+
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -23,11 +29,18 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from harness.contracts.block_manager import OutOfBlocks, open_manager
+from harness.contracts.block_manager import NullStorage, OutOfBlocks, open_manager
 from harness.guard import ContractViolation, assert_rejected
 from harness.registry import Impl
 from harness.simulator.examples import block_size_waste, parallel_sampling, shared_prompt_answers
-from harness.strategies import TOKEN_ALPHABET, PoolGeometry, pool_geometries, prompts
+from harness.strategies import (
+    EvictionProgram,
+    PoolGeometry,
+    appended_tokens,
+    eviction_programs,
+    pool_geometries,
+    prompts,
+)
 
 TECHNIQUE = "block_manager"
 
@@ -63,9 +76,27 @@ class ShadowStorage:
         self._into(self.gpu, gpu_block, "swap_in")[:] = self.cpu[cpu_block]
 
 
+def step(fn):
+    """A rule or invariant that marks the run failed when it raises: Hypothesis runs teardown() in a finally, and
+    teardown's own checks (a whole pool after freeing everything) would replace the first failure's message."""
+
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except BaseException:
+            self.failed = True
+            raise
+
+    return run
+
+
 def machine_for(impl: Impl, checks: frozenset[str]):
     class BlockManagerMachine(RuleBasedStateMachine):
+        failed = False  # a rule or invariant raised: teardown checks nothing
+
         @initialize(geometry=pool_geometries())
+        @step
         def build(self, geometry):
             self.g, self.B = geometry, geometry.block_size
             self.storage = ShadowStorage(geometry, lambda sid, pos: tuple(self.shadow[sid][:pos + 1]))
@@ -82,13 +113,35 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         def hand(self, tokens) -> list[int]:
             """A fresh list for the manager, remembered: a manager that keeps it and appends to it (aliasing the
             caller's prompt) shows up in `bookkeeping`."""
-            self.given.append((given := list(tokens), tuple(tokens)))
-            return given
+            self.given.append((mine := list(tokens), tuple(tokens)))
+            return mine
+
+        def table(self, sid) -> list[int]:
+            """block_table(sid); the list it returns is the caller's, so it is cleared after reading: a manager that
+            handed out its own table shows here."""
+            got = self.m.block_table(sid)
+            table = list(got)
+            got.clear()
+            again = self.m.block_table(sid)
+            assert list(again) == table, (f"sequence {sid}: block_table returned the manager's own list: clearing "
+                                          f"the returned {table} changed the manager's table to {list(again)}")
+            return table
 
         def resident(self):
             return sorted(set(self.shadow) - self.swapped)
 
-        def _allocate(self, sid, tokens):
+        def sources(self) -> list[list[int]]:
+            """What prompts derive from: the 8 most recent prompts and the tokens of 8 live sequences (grown by
+            appends, copied by forks), so blocks duplicated by appends, hash chains through appended blocks and a
+            fork's diverged tails are looked up again.  A bounded choice keeps shrinking a failing program cheap
+            (the stale-count mutant's kill took 29 s -> 10 s of CPU)."""
+            return self.history[-8:] + [list(self.shadow[s]) for s in sorted(self.shadow)[-8:]]
+
+        # ---- steps, with explicit arguments: the rules draw them, pinned programs (PINNED) name them
+        def do_allocate(self, tokens, sid=None):
+            if sid is None:
+                self.next_id += 1
+                sid = self.next_id
             self.shadow[sid] = list(tokens)
             free, writes = self.m.num_free_blocks(), self.storage.writes
             promised = self.m.lookup_prefix(self.hand(tokens))
@@ -96,11 +149,10 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 cached = self.m.allocate(sid, self.hand(tokens))
             except OutOfBlocks:
                 del self.shadow[sid]
-                assert free < -(-len(tokens) // self.B), f"allocate raised OutOfBlocks with {free} blocks free"
+                need = self.most_needed(tokens, promised)
+                assert free < need, (f"allocate of {len(tokens)} tokens ({promised} of them cached) raised "
+                                     f"OutOfBlocks with {free} blocks free; it needs at most {need}")
                 return False
-            except BaseException:
-                del self.shadow[sid]  # not allocated: teardown must not free it and hide this error behind its own
-                raise
             assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"allocate reported {cached} cached"
             if "bookkeeping" in checks:  # the simulator counts recomputed tokens from these two numbers
                 assert cached == promised, f"lookup_prefix promised {promised} tokens, allocate reported {cached}"
@@ -110,68 +162,67 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             self.history.append(list(tokens))
             return True
 
-        # Prompts derive from the 8 most recent ones: enough to share and collide, and a bounded choice
-        # keeps shrinking a failing program cheap (the stale-count mutant's kill took 29 s -> 10 s of CPU).
-        @rule(data=st.data())
-        def allocate(self, data):
-            tokens = data.draw(prompts(self.history[-8:], self.B), label="tokens")
-            self.next_id += 1
-            self._allocate(self.next_id, tokens)
+        def most_needed(self, tokens, promised) -> int:
+            """The most free blocks allocating ``tokens`` can take: one per block not cached, plus one per cached
+            block that may be idle (it leaves the free pool).  A cached block holds its prefix's KV, so it is one
+            of the GPU blocks whose storage holds that; when every such block is in use, the hit is too."""
+            B, gpu = self.B, self.storage.gpu
+            need = -(-len(tokens) // B) - promised // B
+            for i in range(promised // B):
+                kv = [tuple(tokens[:i * B + j + 1]) for j in range(B)]
+                holders = [b for b in range(len(gpu)) if gpu[b] == kv]
+                need += not holders or any(self.m.ref_count(b) == 0 for b in holders)
+            return need
 
-        @precondition(lambda self: self.preempted)
-        @rule(data=st.data())
-        def resume_preempted(self, data):
-            sid = data.draw(st.sampled_from(sorted(self.preempted)), label="resume")
-            if self._allocate(sid, self.preempted[sid]):
-                del self.preempted[sid]
+        def do_append(self, sid, tokens):
+            """Append token by token; one that needs a block (a new one, or a copy of a shared last block) with
+            none free must raise OutOfBlocks, and only such a one may."""
+            for token in tokens:
+                n, last = len(self.shadow[sid]), self.table(sid)[-1]
+                need = ("a new block" if n % self.B == 0 else
+                        f"a copy of its shared last block {last}" if self.m.ref_count(last) > 1 else None)
+                free = self.m.num_free_blocks()
+                self.shadow[sid].append(token)
+                try:
+                    self.m.append(sid, token)
+                except OutOfBlocks:
+                    self.shadow[sid].pop()
+                    assert need and free == 0, (f"append to sequence {sid} raised OutOfBlocks with {free} blocks "
+                                                f"free, needing {need or 'no block'}")
+                    return
+                except Exception as exc:
+                    if need and free == 0:
+                        raise AssertionError(f"append to sequence {sid} needed {need} with no block free and raised "
+                                             f"{type(exc).__name__}: {exc}, not OutOfBlocks") from exc
+                    raise
+                assert not (need and free == 0), (f"append to sequence {sid} needed {need} with no block free "
+                                                  "and did not raise OutOfBlocks")
 
-        @precondition(lambda self: self.resident())
-        @rule(data=st.data(), token=st.integers(0, TOKEN_ALPHABET - 1))
-        def append(self, data, token):
-            sid = data.draw(st.sampled_from(self.resident()), label="append to")
-            self.shadow[sid].append(token)
-            free = self.m.num_free_blocks()
-            try:
-                self.m.append(sid, token)
-            except OutOfBlocks:
-                self.shadow[sid].pop()
-                assert free == 0, f"append raised OutOfBlocks with {free} blocks free"
-
-        @precondition(lambda self: self.resident())
-        @rule(data=st.data())
-        def fork(self, data):
-            parent = data.draw(st.sampled_from(self.resident()), label="fork")
+        def do_fork(self, parent, then=()):
             self.next_id += 1
             self.m.fork(parent, self.next_id)
             self.shadow[self.next_id] = list(self.shadow[parent])
+            self.do_append(self.next_id, then)
 
-        @precondition(lambda self: self.shadow)
-        @rule(data=st.data())
-        def free(self, data):
-            sid = data.draw(st.sampled_from(sorted(self.shadow)), label="free")
+        def do_free(self, sid):
             self.m.free(sid)
             del self.shadow[sid]
             self.swapped.discard(sid)
 
-        @precondition(lambda self: self.resident())
-        @rule(data=st.data())
-        def preempt_by_recompute(self, data):
-            sid = data.draw(st.sampled_from(self.resident()), label="preempt")
+        def do_preempt(self, sid):
             self.m.free(sid)
             self.preempted[sid] = self.shadow.pop(sid)
 
-        @precondition(lambda self: self.history)
-        @rule(data=st.data())
-        def lookup_prefix(self, data):
-            tokens = data.draw(prompts(self.history[-8:], self.B), label="lookup")
+        def do_resume(self, sid):
+            if self.do_allocate(self.preempted[sid], sid):
+                del self.preempted[sid]
+
+        def do_lookup(self, tokens):
             cached = self.m.lookup_prefix(self.hand(tokens))
             assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"lookup_prefix reported {cached}"
 
-        @precondition(lambda self: self.resident())
-        @rule(data=st.data())
-        def swap_out(self, data):
-            sid = data.draw(st.sampled_from(self.resident()), label="swap out")
-            cpu_free, need = self.m.num_free_cpu_blocks(), len(self.m.block_table(sid))
+        def do_swap_out(self, sid):
+            cpu_free, need = self.m.num_free_cpu_blocks(), len(self.table(sid))
             try:
                 self.m.swap_out(sid)
             except OutOfBlocks:
@@ -179,11 +230,8 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 return
             self.swapped.add(sid)
 
-        @precondition(lambda self: self.swapped)
-        @rule(data=st.data())
-        def swap_in(self, data):
-            sid = data.draw(st.sampled_from(sorted(self.swapped)), label="swap in")
-            free, need = self.m.num_free_blocks(), len(self.m.block_table(sid))
+        def do_swap_in(self, sid):
+            free, need = self.m.num_free_blocks(), len(self.table(sid))
             try:
                 self.m.swap_in(sid)
             except OutOfBlocks:
@@ -191,18 +239,80 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 return
             self.swapped.discard(sid)
 
+        # ---- rules
+        def tokens(self, data, sid, label, min_size):
+            return data.draw(appended_tokens(self.shadow[sid], self.sources(), self.B, min_size), label=label)
+
+        @rule(data=st.data())
+        @step
+        def allocate(self, data):
+            self.do_allocate(data.draw(prompts(self.sources(), self.B), label="tokens"))
+
+        @precondition(lambda self: self.preempted)
+        @rule(data=st.data())
+        @step
+        def resume_preempted(self, data):
+            self.do_resume(data.draw(st.sampled_from(sorted(self.preempted)), label="resume"))
+
+        @precondition(lambda self: self.resident())
+        @rule(data=st.data())
+        @step
+        def append(self, data):
+            sid = data.draw(st.sampled_from(self.resident()), label="append to")
+            self.do_append(sid, self.tokens(data, sid, "tokens", 1))
+
+        @precondition(lambda self: self.resident())
+        @rule(data=st.data())
+        @step
+        def fork(self, data):
+            """Fork, then append to the child: its first token copies a shared partial last block."""
+            parent = data.draw(st.sampled_from(self.resident()), label="fork")
+            self.do_fork(parent, self.tokens(data, parent, "child appends", 0))
+
+        @precondition(lambda self: self.shadow)
+        @rule(data=st.data())
+        @step
+        def free(self, data):
+            self.do_free(data.draw(st.sampled_from(sorted(self.shadow)), label="free"))
+
+        @precondition(lambda self: self.resident())
+        @rule(data=st.data())
+        @step
+        def preempt_by_recompute(self, data):
+            self.do_preempt(data.draw(st.sampled_from(self.resident()), label="preempt"))
+
+        @precondition(lambda self: self.history)
+        @rule(data=st.data())
+        @step
+        def lookup_prefix(self, data):
+            self.do_lookup(data.draw(prompts(self.sources(), self.B), label="lookup"))
+
+        @precondition(lambda self: self.resident())
+        @rule(data=st.data())
+        @step
+        def swap_out(self, data):
+            self.do_swap_out(data.draw(st.sampled_from(self.resident()), label="swap out"))
+
+        @precondition(lambda self: self.swapped)
+        @rule(data=st.data())
+        @step
+        def swap_in(self, data):
+            self.do_swap_in(data.draw(st.sampled_from(sorted(self.swapped)), label="swap in"))
+
         # ---- invariants
         @invariant()
+        @step
         def bookkeeping(self):
             if "bookkeeping" not in checks or not hasattr(self, "m"):
                 return
-            for given, handed in self.given:
-                assert tuple(given) == handed, (f"the token list {list(handed)} handed to allocate/lookup_prefix "
-                                                f"became {given}: the manager kept the caller's list and changed it")
+            for kept, handed in self.given:
+                assert tuple(kept) == handed, (f"the token list {list(handed)} handed to allocate/lookup_prefix "
+                                                f"became {kept}: the manager kept the caller's list and changed it")
             n = self.g.num_blocks
             entries = [0] * n
+            tables = {sid: self.table(sid) for sid in self.shadow}
             for sid, tokens in self.shadow.items():
-                table = self.m.block_table(sid)
+                table = tables[sid]
                 assert self.m.is_swapped(sid) == (sid in self.swapped), f"sequence {sid}: is_swapped is wrong"
                 assert self.m.num_tokens(sid) == len(tokens), f"sequence {sid}: num_tokens is wrong"
                 assert len(table) == -(-len(tokens) // self.B), (
@@ -217,25 +327,26 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             used = sum(c > 0 for c in counts)
             assert self.m.num_free_blocks() + used == n, (
                 f"free {self.m.num_free_blocks()} + used {used} != pool size {n}")
-            cpu_used = {b for sid in self.swapped for b in self.m.block_table(sid)}
+            cpu_used = {b for sid in self.swapped for b in tables[sid]}
             assert self.m.num_free_cpu_blocks() + len(cpu_used) == self.g.num_cpu_blocks, (
                 f"CPU pool: free {self.m.num_free_cpu_blocks()} + used {len(cpu_used)} != {self.g.num_cpu_blocks}")
 
         @invariant()
+        @step
         def data_reads_back(self):
             if "data" not in checks or not hasattr(self, "m"):
                 return
             assert not self.storage.violations, self.storage.violations[0]
             for sid, tokens in self.shadow.items():
                 pool = self.storage.cpu if self.m.is_swapped(sid) else self.storage.gpu
-                table = self.m.block_table(sid)
+                table = self.table(sid)
                 for i in range(len(tokens)):
                     got, want = pool[table[i // self.B]][i % self.B], tuple(tokens[:i + 1])
                     assert got == want, (f"sequence {sid} reads token {i} through block {table[i // self.B]} "
                                          f"as the KV of {got}, expected {want}")
 
         def teardown(self):
-            if "bookkeeping" not in checks or not hasattr(self, "m"):
+            if "bookkeeping" not in checks or not hasattr(self, "m") or self.failed:
                 return
             for sid in list(self.shadow):
                 self.m.free(sid)
@@ -248,9 +359,55 @@ def machine_for(impl: Impl, checks: frozenset[str]):
     return BlockManagerMachine
 
 
+# Programs that once found a bug (wrong plugins of a review), replayed step by step with both checks before the
+# machine runs: the state machine's @example.  Sequence ids count from 1 in allocation/fork order.
+PINNED = {
+    # a block table handed out as the manager's own list
+    "block_table_alias": (PoolGeometry(2, 4, 0), [("allocate", [0, 1, 2])]),
+    # prefix match that skips a missing block: [0, 0] evicted, [0, 0, 1, 1]'s second block (cached by sequence 2,
+    # grown by appends) still cached, found at position 0
+    "hits_skip_miss": (PoolGeometry(2, 4, 0), [
+        ("allocate", [0, 0]), ("allocate", [0]), ("append", 2, [0, 1, 1]), ("free", 1), ("allocate", [2, 2]),
+        ("allocate", [2, 1]), ("free", 3), ("free", 4), ("lookup", [0, 0, 1, 1]), ("allocate", [0, 0, 1, 1])]),
+    # a fork sharing its parent's list of block hashes: both diverge after the fork
+    "fork_shares_hashes": (PoolGeometry(2, 8, 0), [
+        ("allocate", [0, 0]), ("fork", 1, [1, 1]), ("append", 1, [2, 2]), ("allocate", [0, 0, 1, 1, 2, 2])]),
+    # block hashes chained on the parent's physical block id, which is recycled
+    "parent_id_chain": (PoolGeometry(1, 4, 0), [
+        ("allocate", [1, 0]), ("allocate", [1]), ("append", 2, [0, 2]), ("free", 2), ("allocate", [2]),
+        ("allocate", [2, 2])]),
+    # swap_in taking back its old GPU block, reused and overwritten meanwhile, without copying
+    "swap_in_reuses_free": (PoolGeometry(1, 1, 1), [
+        ("allocate", [0]), ("swap_out", 1), ("allocate", [1]), ("free", 2), ("swap_in", 1)]),
+    # append's out-of-blocks check forgetting that copy-on-write takes a block
+    "append_oob_ignores_cow": (PoolGeometry(2, 1, 0), [("allocate", [0]), ("fork", 1, []), ("append", 1, [1])]),
+    # allocate's capacity check counting a cached prefix held by a live sequence as new blocks (vLLM v0)
+    "oob_ignores_hits": (PoolGeometry(2, 3, 0), [("allocate", [0, 0]), ("allocate", [1, 1]), ("allocate", [0, 0, 2])]),
+}
+
+
+def replay_pinned(impl: Impl, checks: frozenset[str]) -> None:
+    machine_class = machine_for(impl, checks)
+    for name, (geometry, program) in PINNED.items():
+        machine = machine_class()
+        try:
+            machine.build(geometry)
+            for op, *args in program:
+                getattr(machine, f"do_{op}")(*args)
+                machine.bookkeeping()
+                machine.data_reads_back()
+        except BaseException as exc:
+            machine.failed = True
+            exc.add_note(f"pinned program {name!r} on {geometry}: {program}")
+            raise
+        finally:
+            machine.teardown()
+
+
 def run_machine(impl: Impl, checks: frozenset[str]) -> None:
-    """Run under the loaded profile, minus the explain phase: on a failing machine it replays the whole
-    program once per step and took ~55 s of the ~57 s a kill cost (shrinking itself: ~1 s)."""
+    """Replay the pinned programs, then run under the loaded profile, minus the explain phase: on a failing machine
+    it replays the whole program once per step and took ~55 s of the ~57 s a kill cost (shrinking itself: ~1 s)."""
+    replay_pinned(impl, checks)
     profile = settings.default
     run_state_machine_as_test(machine_for(impl, checks),
                               settings=settings(profile, phases=[p for p in profile.phases if p != Phase.explain]))
@@ -292,10 +449,66 @@ def test_waste_per_request_is_half_a_block(impl):
         assert waste == (block_size - 1) / 2, f"block {block_size}: mean waste {waste} tokens per request"
 
 
-def test_rejects_bad_input(impl):
-    """Bad geometry and unknown or duplicate sequence ids raise errors naming the argument."""
-    from harness.contracts.block_manager import NullStorage
+@example(EvictionProgram(2, 1, (("use", 0), ("use", 1), ("use", 2), ("use", 0), ("use", 1))))  # evicts the MRU
+@example(EvictionProgram(2, 1, (("use", 0), ("use", 1), ("lookup", 0), ("use", 2), ("use", 1))))  # lookup touches
+@given(program=eviction_programs())
+def test_evicts_least_recently_used(impl, program):
+    """Idle cached blocks are evicted least recently used first, and lookup_prefix changes nothing: on distinct
+    one-block prompts, whether each allocate and lookup finds its prompt cached follows from a shadow LRU list.
+    After every step every prompt is looked up (in a fixed order, which a lookup that moves blocks would impose)."""
+    B = program.block_size
+    m = open_manager(impl, program.num_blocks, B, NullStorage())
+    idle: list[int] = []  # prompts whose block is cached and idle, least recently used first
+    evicted: list[int] = []
+    refs = collections.Counter()  # prompt -> live sequences holding it
+    never_used = program.num_blocks  # blocks that never held a prompt: taken before a cached block is evicted
+    held: list[tuple[int, int]] = []  # (sequence, prompt)
+    done: list[tuple[str, int]] = []
 
+    def expect(what, got, prompt):
+        want = B if refs[prompt] or prompt in idle else 0
+        assert got == want, (f"after {done}, each step followed by a lookup_prefix of every prompt: {what} found "
+                             f"{got} tokens cached, expected {want}: idle cached blocks "
+                             f"are evicted least recently used first and lookup_prefix changes nothing, so the "
+                             f"cached idle prompts are {idle} (least recently used first), evicted {evicted}")
+
+    def allocate(prompt):
+        nonlocal never_used
+        sid = len(done)
+        expect(f"allocate({sid}, {[prompt] * B})", m.allocate(sid, [prompt] * B), prompt)
+        if prompt in idle:
+            idle.remove(prompt)
+        elif not refs[prompt]:
+            if never_used:
+                never_used -= 1
+            else:
+                evicted.append(idle.pop(0))
+        refs[prompt] += 1
+        return sid, prompt
+
+    def free(sid, prompt):
+        m.free(sid)
+        refs[prompt] -= 1
+        if not refs[prompt]:
+            idle.append(prompt)
+
+    for kind, x in program.steps:
+        done.append((kind, x))
+        if kind == "lookup":
+            expect(f"lookup_prefix({[x] * B})", m.lookup_prefix([x] * B), x)
+        elif kind == "use":
+            free(*allocate(x))
+        elif kind == "hold":
+            held.append(allocate(x))
+        else:
+            free(*held.pop(x))
+        for prompt in range(program.num_prompts):
+            expect(f"lookup_prefix({[prompt] * B})", m.lookup_prefix([prompt] * B), prompt)
+
+
+def test_rejects_bad_input(impl):
+    """Bad geometry, unknown or duplicate sequence ids, and calls that need a resident sequence on a swapped-out
+    one (or swap_in on a resident one) raise errors naming the argument, and change nothing."""
     for args, name in (((0, 0), "block_size"), ((-1, 4), "num_blocks")):
         assert_rejected(impl, f"{name} out of range", *args, NullStorage(), names=(name,))
     m = open_manager(impl, 4, 2, NullStorage())
@@ -307,3 +520,19 @@ def test_rejects_bad_input(impl):
         with pytest.raises((ValueError, KeyError), match=rf"\b{name}\b"):  # the argument as a word
             call()
     assert m.num_tokens(1) == 3, "a rejected append changed the sequence"
+
+    m = open_manager(impl, 4, 2, NullStorage(), num_cpu_blocks=4)
+    m.allocate(1, [1, 2, 3])
+    m.allocate(2, [1, 2])
+    m.swap_out(2)
+    pools = (m.num_free_blocks(), m.num_free_cpu_blocks(), m.block_table(1), m.block_table(2))
+    for case, method, args, names in (("append to a swapped-out sequence", m.append, (2, 1), ("seq_id",)),
+                                      ("fork of a swapped-out sequence", m.fork, (2, 3), ("parent_id", "seq_id")),
+                                      ("swap_out of a swapped-out sequence", m.swap_out, (2,), ("seq_id",)),
+                                      ("swap_in of a resident sequence", m.swap_in, (1,), ("seq_id",))):
+        assert_rejected(impl, case, *args, names=names, method=method)
+    assert (m.num_tokens(2), m.is_swapped(2), m.is_swapped(1)) == (2, True, False), "a rejected call changed a sequence"
+    assert (m.num_free_blocks(), m.num_free_cpu_blocks(), m.block_table(1), m.block_table(2)) == pools, (
+        "a rejected call changed the pools or the block tables")
+    with pytest.raises((ValueError, KeyError), match=r"\bseq_id\b"):
+        m.num_tokens(3)  # the rejected fork made no child

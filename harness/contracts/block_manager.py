@@ -11,14 +11,16 @@ i*block_size .. (i+1)*block_size - 1) to a physical block of a GPU pool of ``num
                                        from the prefix cache where present; returns how many leading
                                        tokens were served from the cache (a multiple of block_size)
     append(seq_id, token)             one more token; a block is allocated when the token crosses a block
-                                       boundary; a shared last block is copied before the write (copy-on-write)
+                                       boundary; a shared last block is copied before the write (copy-on-write),
+                                       which takes a block too
     fork(parent_id, child_id)         the child shares every block of the parent (reference counts go up)
     free(seq_id)                      reference counts go down; blocks at zero return to the free pool
                                        (preemption by recompute = free, then allocate again later)
     lookup_prefix(tokens) -> int      how many leading tokens a new sequence with these tokens would find
                                        cached now (a multiple of block_size); changes nothing
     swap_out(seq_id) / swap_in(seq_id)  preemption by swap: move the blocks to the CPU pool and back
-    block_table(seq_id) -> list[int]  physical blocks (in the CPU pool while swapped out)
+    block_table(seq_id) -> list[int]  physical blocks (in the CPU pool while swapped out), in a new list the
+                                       caller owns: changing it changes nothing in the manager
     is_swapped(seq_id) -> bool; num_tokens(seq_id) -> int
     ref_count(block) -> int           number of block-table entries of GPU-resident sequences pointing at it
     num_free_blocks() -> int; num_free_cpu_blocks() -> int
@@ -26,7 +28,9 @@ i*block_size .. (i+1)*block_size - 1) to a physical block of a GPU pool of ``num
 Prefix caching: a *full* block is identified by a hash of its tokens chained with the hash of the
 block before it, so equal hashes mean equal whole prefixes.  The cache holds no reference: a cached
 block whose count drops to zero is free (it counts in num_free_blocks) but keeps its contents
-until it is evicted, least recently used first, to make room.
+until it is evicted, least recently used first, to make room: the cached block whose count dropped to
+zero longest ago goes first (among blocks released by one call the order is open), a cache hit takes
+a block out of that order until its count drops to zero again, and lookup_prefix does not touch it.
 
 Data moves only through the ``storage`` the caller passes (the caller plays the model):
 ``storage.write(block, offset, seq_id, position)`` computes the KV of token ``position`` of sequence
@@ -35,8 +39,11 @@ and ``storage.swap_in(cpu, gpu)`` move a block between the pools.  The manager m
 the tokens it did not take from the cache, and never into a block whose count exceeds one.
 
 Running out of blocks (GPU pool on allocate/append/swap_in, CPU pool on swap_out) raises
-`OutOfBlocks` and leaves the manager exactly as it was.  Bad arguments raise ValueError/KeyError
-naming the argument.
+`OutOfBlocks` and leaves the manager exactly as it was; a call raises it only when it needs more blocks
+than are free (cache hits on blocks in use need none, hits on idle cached blocks take theirs).  Bad
+arguments raise ValueError/KeyError naming the argument; append, fork and swap_out of a swapped-out
+sequence, and swap_in of a resident one, raise ValueError naming seq_id (for fork parent_id, or seq_id)
+and change nothing.
 """
 
 from __future__ import annotations
