@@ -51,7 +51,8 @@ def test_matches_reference(impl, data):
 
 
 def declared_max_len(impl):
-    return impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: checked up to that length elsewhere"
+    """The skip reason of the long-sequence properties for a kernel that declares a largest length."""
+    return impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: the other properties draw up to it"
 
 
 @applies(unavailable_reason)

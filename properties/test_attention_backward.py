@@ -28,7 +28,7 @@ from harness.references import (
 from harness.runner import applies, needs_cap
 from harness.strategies import AttentionCase, attention_cases, fully_masked_cases, long_cases, output_grad
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound
-from properties.test_attention import BAD_CAUSAL, EMPTY_SHAPES
+from properties.test_attention import BAD_CAUSAL, EMPTY_SHAPES, declared_max_len
 
 TECHNIQUE = "attention_backward"
 MAX_LEN = 80  # covers the tile edges 16-17, 32-33, 47-49, 63-65, 79-80; the Python tile loops keep CI in budget
@@ -74,7 +74,7 @@ def test_matches_reference(impl, data):
 
 
 @applies(unavailable_reason)
-@applies(lambda impl: impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: checked up to that length")
+@applies(declared_max_len)
 @given(data=st.data())
 def test_matches_reference_past_one_tile(impl, data):
     """Up to 8 queries against 129-300 keys, or the other way round: dQ summed over several 128-key tiles,
