@@ -278,8 +278,7 @@ def exact_distribution(
     def call(t, d, ctx, budget, rng):
         return sampler(t, d, ctx, gamma=gamma, max_new_tokens=budget, rng=rng, eos=eos, **kwargs)
 
-    enumerator = _Enumerator(call, target, draft, merge, workers, parallel_after_runs, progress)
-    enumerator.run.catch_up = catch_up
+    enumerator = _Enumerator(call, target, draft, merge, catch_up, workers, parallel_after_runs, progress)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
@@ -297,10 +296,10 @@ class _Enumerator:
     A round state is (tokens so far, budget left).  `round_of` visits its branches; `dist` composes its
     finished outputs with the distributions of the round states its cut runs lead to."""
 
-    def __init__(self, call: Callable, target: LM, draft: LM | None, merge: bool, workers: int,
+    def __init__(self, call: Callable, target: LM, draft: LM | None, merge: bool, catch_up: bool, workers: int,
                  parallel_after_runs: int, progress: bool) -> None:
         self.call, self.merge, self.parallel_after_runs = call, merge, parallel_after_runs
-        self.run = _Run()
+        self.run = _Run(catch_up=catch_up)
         self.target = _Model(target, self.run, True)
         self.draft = _Model(draft, self.run, False) if draft is not None else None
         self.pool = _Workers(workers, self.task)
