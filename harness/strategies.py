@@ -264,7 +264,7 @@ def quant_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices
                 granularity: str | None = None, zeros: bool = False) -> QuantCase:
     group_size = draw(st.sampled_from(QUANT_GROUP_SIZES))
     cols = group_size * draw(st.integers(1, max(1, 256 // group_size)))  # group_size divides cols
-    rows = draw(st.integers(1, 16))
+    rows = draw(st.one_of(st.integers(1, 16), st.integers(17, 48)))  # past a 16-row tile
     gran = granularity or draw(st.sampled_from(("tensor", "channel", "group")))
     return QuantCase(
         rows=rows, cols=cols, bits=draw(st.integers(2, 8)), granularity=gran,
@@ -296,11 +296,15 @@ class LinearCase:
     device: str = "cpu"
     calib_outliers: tuple[int, ...] | None = None
     lead: tuple[int, ...] | None = None
+    on_threshold: bool = False  # the last token holds -6.0, exactly LLM.int8()'s threshold, in a plain column
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         g = generator(self.seed)
         x = self.activations(g, self.n, self.outliers)
         x[: self.zero_tokens] = 0.0
+        plain = [j for j in range(self.d_in) if j not in self.outliers]
+        if self.on_threshold and plain and self.zero_tokens < self.n:  # |x| > threshold makes an outlier; = does not
+            x[-1, plain[0]] = -6.0
         w = torch.randn(self.d_out, self.d_in, generator=g, dtype=torch.float64) / self.d_in**0.5
         calib = self.activations(g, 16, self.outliers if self.calib_outliers is None else self.calib_outliers) \
             if self.calib else None
@@ -325,7 +329,7 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
     ``leading_dims``: x may be 1-D (one token) or 3-D (batch, tokens, in) instead of (n, in)."""
     least = max(2, min_outliers + plain_columns)
     d_in = multiple_of * draw(st.integers(max(1, -(-least // multiple_of)), max(1, 128 // multiple_of)))
-    n = draw(st.integers(1, 24))
+    n = draw(st.one_of(st.integers(1, 24), st.integers(25, 64)))  # past a 32-token tile too
     outliers = draw(st.sets(st.integers(0, d_in - 1), min_size=min_outliers, max_size=min(3, d_in - plain_columns)))
     calib_outliers = draw(st.one_of(st.none(), st.sets(st.integers(0, d_in - 1), max_size=3).map(sorted).map(tuple)))
     lead = draw(st.sampled_from([(n,), (1, n)] + [(a, n // a) for a in (2, 3, 4) if n % a == 0]
@@ -335,6 +339,7 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
         dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds), outliers=tuple(sorted(outliers)),
         zero_tokens=draw(st.integers(1, n)) if zero_tokens else 0, calib=draw(st.booleans()),
         device=draw(st.sampled_from(devices)), calib_outliers=calib_outliers, lead=lead,
+        on_threshold=draw(st.booleans()),
     )
 
 
