@@ -297,6 +297,7 @@ class LinearCase:
     calib_outliers: tuple[int, ...] | None = None
     lead: tuple[int, ...] | None = None
     on_threshold: bool = False  # the last token holds -6.0, exactly LLM.int8()'s threshold, in a plain column
+    outlier_rate: float = 0.7  # the chance a row of an outlier column is an outlier (0: one row only)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         g = generator(self.seed)
@@ -315,7 +316,7 @@ class LinearCase:
         x = torch.randn(n, self.d_in, generator=g, dtype=torch.float64)
         for j in outliers:
             size = 10 + 90 * torch.rand(n, generator=g, dtype=torch.float64)  # (n,)
-            hit = torch.rand(n, generator=g) < 0.7  # (n,): the rows where column j is an outlier
+            hit = torch.rand(n, generator=g) < self.outlier_rate  # (n,): the rows where column j is an outlier
             hit[torch.randint(n, (1,), generator=g)] = True
             x[:, j] = torch.where(hit, torch.where(torch.rand(n, generator=g) < 0.5, -size, size), x[:, j])
         return x
@@ -339,16 +340,17 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
         dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds), outliers=tuple(sorted(outliers)),
         zero_tokens=draw(st.integers(1, n)) if zero_tokens else 0, calib=draw(st.booleans()),
         device=draw(st.sampled_from(devices)), calib_outliers=calib_outliers, lead=lead,
-        on_threshold=draw(st.booleans()),
+        on_threshold=draw(st.booleans()), outlier_rate=draw(st.sampled_from([0.7, 0.0])),
     )
 
 
 @st.composite
 def outlier_batch_pairs(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                         multiple_of: int = 1) -> tuple[LinearCase, LinearCase]:
-    """Two batches of the same shapes whose outlier columns are different, non-empty sets."""
+    """Two batches of the same shapes whose outlier columns are different, non-empty sets; x may be 1-D or 3-D
+    (outlier columns are found over the whole batch, every sequence of it)."""
     first = draw(linear_cases(dtypes=dtypes, devices=devices, multiple_of=multiple_of, min_outliers=1,
-                              plain_columns=1))  # a column left for the second batch's outliers
+                              plain_columns=1, leading_dims=True))  # a column left for the second batch's outliers
     others = [j for j in range(first.d_in) if j not in first.outliers]
     second = draw(st.sets(st.sampled_from(others), min_size=1, max_size=min(3, len(others))))
     return first, LinearCase(**{**first.__dict__, "seed": draw(seeds), "outliers": tuple(sorted(second))})
