@@ -165,30 +165,29 @@ def check_tensor(
     return value
 
 
-def _tensors(obj: Any, path: str = "input") -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, torch.nn.Module):  # its weights and buffers
-        for name, t in obj.state_dict(keep_vars=True).items():
-            yield f"{path}.{name}", t.detach()
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
-            yield from _tensors(value, f"{key!s}")
-    elif isinstance(obj, list | tuple):
-        for i, value in enumerate(obj):
-            yield from _tensors(value, f"{path}[{i}]")
-
-
-def _lists(obj: Any, path: str = "input") -> Iterator[tuple[str, list]]:
-    """Every list among the inputs (a prompt, a token list, a list of prompts), nested ones included."""
+def _inputs(obj: Any, path: str = "input") -> Iterator[tuple[str, Any]]:
+    """Every object among the inputs with its path: top-level arguments by name, container items by index."""
+    yield path, obj
     if isinstance(obj, dict):
         for key, value in obj.items():
-            yield from _lists(value, f"{key!s}")
+            yield from _inputs(value, f"{key!s}")
     elif isinstance(obj, list | tuple):
-        if isinstance(obj, list):
-            yield path, obj
         for i, value in enumerate(obj):
-            yield from _lists(value, f"{path}[{i}]")
+            yield from _inputs(value, f"{path}[{i}]")
+
+
+def _tensors(named: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path, obj in _inputs(named):
+        if isinstance(obj, torch.Tensor):
+            yield path, obj
+        elif isinstance(obj, torch.nn.Module):  # its weights and buffers
+            for name, t in obj.state_dict(keep_vars=True).items():
+                yield f"{path}.{name}", t.detach()
+
+
+def _lists(named: dict[str, Any]) -> Iterator[tuple[str, list]]:
+    """Every list among the inputs (a prompt, a token list, a list of prompts), nested ones included."""
+    return ((path, obj) for path, obj in _inputs(named) if isinstance(obj, list))
 
 
 def _plain(value: Any) -> bool:
