@@ -1,8 +1,9 @@
 """Properties of paged attention (contract: harness/contracts/paged_attention.py).
 
-Every case stores each sequence's K/V in a pool whose physical blocks are shuffled and whose unused
-slots -- the tail of each last block, spare blocks, what padding table entries point at -- are NaN,
-then compares each sequence's output with the attention contract's float64 reference on its
+Every case stores each sequence's K/V in a pool whose physical blocks are shuffled and whose unused slots --
+the tail of each last block, spare blocks, what padding table entries point at -- are NaN (sequences may
+share leading blocks, tables may be full, and half the cases pass q, the caches and the tables as views into
+larger tensors), then compares each sequence's output with the attention contract's float64 reference on its
 contiguous K/V, within the tolerance earned by the plain computation in the case's dtype.
 """
 
@@ -26,7 +27,7 @@ def check_against_contiguous(impl, case):
     q, k_cache, v_cache, tables, seq_lens = case.paged()
     out = call(impl, q, k_cache, v_cache, tables, seq_lens, causal=case.causal, scale=case.scale)
     q, kv = case.contiguous()
-    large = case.magnitude > 1  # logits of 1e3-1e4: rounding the scores dominates, as in test_attention
+    large = case.magnitude > 1 or case.offset  # logits of 1e3-1e4: rounding the scores dominates
     for b, (k, v) in enumerate(kv):
         qb = q[b:b + 1]  # (1, H, Nq, d)
         truth = attention64(qb, k, v, causal=case.causal, scale=case.scale)
@@ -63,7 +64,21 @@ def test_large_logits_stay_finite_and_correct(impl, data):
     """Scores of magnitude 1e3-1e4 (q scaled up) must not overflow: the running max is subtracted first."""
     dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
     case = data.draw(paged_attention_cases(dtypes=dtypes, devices=available(impl.devices), max_len=130,
-                                           magnitude=st.floats(1e3, 1e4)), label="case")
+                                           magnitude=st.floats(1e3, 1e4), wide=False), label="case")
+    check_against_contiguous(impl, case)
+
+
+@applies(unavailable_reason)
+@needs_dtype(*HIGH_PRECISION)
+@given(data=st.data())
+def test_logits_far_below_zero(impl, data):
+    """Every logit of a row moved down by 800-3000 (through one extra head dim: q -offset/scale, k 1, v 0)
+    changes no output, softmax being shift-invariant, in decodes up to 1100 tokens.  A max that starts at 0
+    instead of -inf -- in the running max, or in split-K's reduce over 512-token partitions -- underflows
+    every e^(s - m) to 0 there and returns NaN."""
+    dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
+    case = data.draw(paged_attention_cases(dtypes=dtypes, devices=available(impl.devices), max_len=1100,
+                                           decode=True, offset=st.floats(800, 3000)), label="case")
     check_against_contiguous(impl, case)
 
 

@@ -14,6 +14,9 @@
 * Per sequence the result is the attention contract's softmax(q k^T * scale) v over its seq_lens[b]
   keys, causal aligned bottom-right (query i sees key j iff j <= i + seq_lens[b] - Nq); a query row that
   sees no key returns zeros.  The output has q's shape, dtype and device; inputs are left unchanged.
+* Any argument may be a strided view: q sliced from a (B, Nq, H, d) projection, the caches the two halves of
+  one (num_blocks, 2, Hkv, block_size, d) pool, the tables the first columns of wider persistent ones.
+  Sequences may share physical blocks (a common prefix stored once), and a sequence may fill its table.
 * causal must be a bool.  B, H and Nq may be 0 (an empty batch or query chunk): the output is empty.
 Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttention", Sec. 4.1.
 """

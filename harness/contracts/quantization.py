@@ -12,7 +12,9 @@
 * `dequantize(qt)` is the contract's own: w_hat = (codes - zero) * scale, group by group.
 
 Symmetric absmax is the reference: s = max|w| / (2^(b-1) - 1), q = round(w / s), codes in
-[-(2^(b-1) - 1), 2^(b-1) - 1].  An asymmetric implementation declares ``caps={"symmetric": False}``:
+[-(2^(b-1) - 1), 2^(b-1) - 1].  round is to nearest; an exact tie may go either way (torch.round's
+half-to-even or C's roundf, away from zero): both keep every error within half a step.  An asymmetric
+implementation declares ``caps={"symmetric": False}``:
 s = (max(w, 0) - min(w, 0)) / (2^b - 1), z = round(-min(w, 0) / s), codes in [0, 2^b - 1]; the
 absmax round trip does not apply to it, the other properties do.  An all-zero group has scale 0
 (or any finite scale) and codes 0: it dequantizes to zeros, never NaN.
