@@ -8,6 +8,8 @@ still shrink the failing example without waiting out the limit every time.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
 import signal
 import threading
@@ -47,8 +49,10 @@ def guarded_call(
         raise ContractViolation(_hung[key])
     named = {**dict(zip(arg_names, args, strict=False)), **{f"argument {i}": a for i, a in enumerate(args)
                                                              if i >= len(arg_names)}, **kwargs, **(watch or {})}
-    before = [(path, t.clone()) for path, t in _tensors(named)]
-    lists = [(path, seq, list(seq)) for path, seq in _lists(named)]  # a prompt or token list kept by reference
+    found = list(_inputs(named))  # one walk: a tensor mutated in place, a list or a config replaced, all show
+    before = [(path, t.clone()) for path, t in _tensors(found)]
+    lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
+    configs = list(_configs(found))
     box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
     if box is None:
         _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
@@ -56,13 +60,17 @@ def guarded_call(
     if "exc" in box:
         exc = box["exc"]
         raise ContractViolation(f"raised {type(exc).__name__}: {exc}") from exc
-    for (path, old), (_, new) in zip(before, _tensors(named), strict=True):
+    for (path, old), (_, new) in zip(before, _tensors(found), strict=True):  # a module's state read afresh
         if not _same(old, new):
             raise ContractViolation(f"mutated its input {path} (inputs must be left unchanged)")
     for path, seq, old in lists:
         if len(seq) != len(old) or not all(a is b or (_plain(a) and a == b) for a, b in zip(seq, old, strict=True)):
             raise ContractViolation(f"mutated its input {path}: {_shown(old)} became {_shown(seq)} "
                                     "(inputs must be left unchanged; copy a list before extending it)")
+    for path, module, attr, old in configs:
+        if getattr(module, attr, None) != old:
+            raise ContractViolation(f"changed its input {path} (inputs must be left unchanged; a model's "
+                                    "configuration too)")
     return box["out"]
 
 
@@ -176,8 +184,8 @@ def _inputs(obj: Any, path: str = "input") -> Iterator[tuple[str, Any]]:
             yield from _inputs(value, f"{path}[{i}]")
 
 
-def _tensors(named: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    for path, obj in _inputs(named):
+def _tensors(found: list[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path, obj in found:
         if isinstance(obj, torch.Tensor):
             yield path, obj
         elif isinstance(obj, torch.nn.Module):  # its weights and buffers
@@ -185,9 +193,15 @@ def _tensors(named: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield f"{path}.{name}", t.detach()
 
 
-def _lists(named: dict[str, Any]) -> Iterator[tuple[str, list]]:
-    """Every list among the inputs (a prompt, a token list, a list of prompts), nested ones included."""
-    return ((path, obj) for path, obj in _inputs(named) if isinstance(obj, list))
+def _configs(found: list[tuple[str, Any]]) -> Iterator[tuple[str, torch.nn.Module, str, Any]]:
+    """Every dataclass a module among the inputs holds (a model's config: its rotary base, its sizes), as
+    it was before the call: replacing it changes what the module computes without touching a weight."""
+    for path, obj in found:
+        if isinstance(obj, torch.nn.Module):
+            for prefix, module in obj.named_modules(prefix=path):
+                for attr, value in vars(module).items():
+                    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                        yield f"{prefix}.{attr}", module, attr, copy.deepcopy(value)
 
 
 def _plain(value: Any) -> bool:

@@ -3,8 +3,9 @@
 On tiny random GPTs (1-3 layers, MHA/GQA, learned/rotary positions) and ragged prompts drawn by
 Hypothesis: decoding with a cache gives the logits of the full forward pass at every split between
 prefill and steps, samples the same tokens as recomputation, treats each sequence of a batch as if it
-were alone, never lets unused (NaN-filled) slots reach an output, and computes GQA exactly as MHA with
-repeated kv heads.
+were alone (also when rows share leading tokens), never lets unused (NaN-filled) slots reach an output,
+holds all 32 positions, starts afresh at every prefill, keeps two decoders of one model apart, is left
+unchanged by a rejected call, and computes GQA exactly as MHA with repeated kv heads.
 """
 
 import dataclasses
@@ -21,7 +22,7 @@ from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, 
 from harness.references import gpt_logits64, gpt_logits_plain
 from harness.registry import get
 from harness.runner import applies, needs_dtype
-from harness.strategies import DecodeCase, decode_cases
+from harness.strategies import DecodeCase, decode_cases, relate
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
 
 TECHNIQUE = "kvcache"
@@ -97,53 +98,84 @@ def test_unused_slots_never_leak(impl, data):
     """With far more capacity than used (max_len up to the block size), the logits stay finite and exact."""
     case = draw(data, impl, batch=(1, 2), max_steps=3, spare=st.integers(8, 32))
     model = case.model()
+    forwards = [Forward(impl, model, seq) for seq in case.sequences()]  # before the decoder can touch the model
     logits = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V), finite (checked by the call)
-    for b, seq in enumerate(case.sequences()):
-        Forward(impl, model, seq).check(logits[b], len(case.prompts[b]) - 1, case.dtype, what=f"{impl.name}: row {b}")
+    for b, forward in enumerate(forwards):
+        forward.check(logits[b], len(case.prompts[b]) - 1, case.dtype, what=f"{impl.name}: row {b}")
 
 
 @single_threaded
 @given(data=st.data())
 def test_long_sequences_cross_cache_blocks(impl, data):
-    """Prompts of up to 20 tokens and up to 12 steps (sequences up to the model's 32 positions): a cache
-    laid out in blocks of 16, or sized for the prompt plus a few steps, must still hold every token."""
-    case = draw(data, impl, batch=(1, 2), max_prompt=20, max_steps=12)
+    """Prompts of up to 32 tokens, half the time stepped until the longest holds all the model's 32 positions,
+    and half the time sharing row 0's leading tokens: a cache laid out in blocks of 16, sized for the prompt
+    plus a few steps, keeping a sliding window, or reusing blocks by their own tokens must still be exact."""
+    case = draw(data, impl, batch=(1, 2), max_prompt=32, max_steps=12, fill=True, related=True)
     model = case.model()
+    forwards = [Forward(impl, model, seq) for seq in case.sequences()]
     logits = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V)
-    for b, seq in enumerate(case.sequences()):
-        Forward(impl, model, seq).check(logits[b], len(case.prompts[b]) - 1, case.dtype,
-                                        what=f"{impl.name}: row {b} of {len(seq)} tokens")
+    for b, (forward, seq) in enumerate(zip(forwards, case.sequences(), strict=True)):
+        forward.check(logits[b], len(case.prompts[b]) - 1, case.dtype,
+                      what=f"{impl.name}: row {b} of {len(seq)} tokens")
+
+
+def fresh(case: DecodeCase, other: DecodeCase) -> DecodeCase:
+    """other's prompts and steps (tokens folded into case's vocabulary) for case's model."""
+    in_vocab = lambda rows: tuple(tuple(t % case.vocab for t in row) for row in rows)  # noqa: E731
+    return dataclasses.replace(case, prompts=in_vocab(other.prompts), steps=in_vocab(other.steps),
+                               max_len=other.max_len)
+
+
+def assert_same_calls(impl, got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> None:
+    for t, (g, w) in enumerate(zip(got, want, strict=True)):
+        err = (g - w).abs().max().item()
+        assert err <= FLOAT64_IDENTITY * max(1.0, w.abs().max().item()), (
+            f"{impl.name}: {what}, call {t} differs from a fresh decoder's by {err:.3g}")
 
 
 @needs_dtype("float64")
 @single_threaded
 @given(data=st.data())
-def test_second_prefill_starts_a_new_batch(impl, data):
-    """prefill drops the previous batch: after decoding one batch, a second prefill on the same decoder (other
-    prompts, maybe another batch size) decodes exactly as a fresh decoder does (float64)."""
-    first, other = (draw(data, impl, batch=(1, 3), dtypes=("float64",)) for _ in range(2))
-    in_vocab = lambda rows: tuple(tuple(t % first.vocab for t in row) for row in rows)  # noqa: E731
-    second = dataclasses.replace(first, prompts=in_vocab(other.prompts), steps=in_vocab(other.steps),
-                                 max_len=max(first.max_len, other.max_len))
+def test_every_prefill_starts_a_new_batch(impl, data):
+    """prefill drops the previous batch: 2-4 batches (other prompts, maybe another batch size, sometimes
+    sharing leading tokens) decoded one after another on one decoder each decode exactly as on a fresh
+    decoder (float64).  A cache that keeps, or never frees, an old batch's blocks fails here."""
+    first, batches = draw(data, impl, batch=(1, 3), dtypes=("float64",), max_prompt=12, related=True), []
+    for _ in range(data.draw(st.integers(1, 3), label="more")):
+        case = fresh(first, draw(data, impl, batch=(1, 3), dtypes=("float64",), max_prompt=12, related=True))
+        if data.draw(st.booleans(), label="reuse the first batch's leading tokens"):
+            case = dataclasses.replace(case, prompts=data.draw(relate(first.prompts[0], case.prompts, first.vocab)))
+        batches.append(case)
+    batches = [first, *batches]
     model = first.model()
-    decoder = contract.make(impl, model, second.max_len)
-    contract.prefill(impl, decoder, model, first.prompt_tensors())
-    for tokens in first.step_tensors():
-        contract.step(impl, decoder, model, tokens)
-    reused = [contract.prefill(impl, decoder, model, second.prompt_tensors())]
-    reused += [contract.step(impl, decoder, model, tokens) for tokens in second.step_tensors()]
-    for t, (got, want) in enumerate(zip(reused, decode(impl, model, second), strict=True)):
-        err = (got - want).abs().max().item()
-        assert err <= FLOAT64_IDENTITY * max(1.0, want.abs().max().item()), (
-            f"{impl.name}: after a second prefill, call {t} differs from a fresh decoder's by {err:.3g}")
+    decoder = contract.make(impl, model, max(case.max_len for case in batches))
+    for n, case in enumerate(batches):
+        reused = [contract.prefill(impl, decoder, model, case.prompt_tensors())]
+        reused += [contract.step(impl, decoder, model, tokens) for tokens in case.step_tensors()]
+        assert_same_calls(impl, reused, decode(impl, model, case), f"batch {n} of {len(batches)} on one decoder")
 
 
 @needs_dtype("float64")
 @single_threaded
 @given(data=st.data())
-def test_ragged_batch_equals_alone(impl, data):
-    """Row b of a batch of ragged prompts decodes exactly as sequence b decoded on its own (float64)."""
-    case = draw(data, impl, batch=(2, 3), dtypes=("float64",))
+def test_decoders_on_one_model_are_independent(impl, data):
+    """Two decoders made from one model, their prefills and steps interleaved, each decode exactly as if the
+    other did not exist (float64): a cache kept on the model object is shared by both."""
+    one = draw(data, impl, batch=(1, 2), dtypes=("float64",))
+    two = fresh(one, draw(data, impl, batch=(1, 2), dtypes=("float64",)))
+    model = one.model()
+    decoders = [contract.make(impl, model, case.max_len) for case in (one, two)]
+    calls = [[contract.prefill(impl, decoder, model, case.prompt_tensors())]
+             for decoder, case in zip(decoders, (one, two), strict=True)]
+    for t in range(max(len(one.steps), len(two.steps))):
+        for decoder, case, out in zip(decoders, (one, two), calls, strict=True):
+            if t < len(case.steps):
+                out.append(contract.step(impl, decoder, model, case.step_tensors()[t]))
+    for n, (case, out) in enumerate(zip((one, two), calls, strict=True)):
+        assert_same_calls(impl, out, decode(impl, model, case), f"decoder {n} of 2 interleaved on one model")
+
+
+def assert_rows_decode_alone(impl, case: DecodeCase) -> None:
     model = case.model()
     together = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V)
     for b, prompt in enumerate(case.prompt_tensors()):
@@ -152,6 +184,27 @@ def test_ragged_batch_equals_alone(impl, data):
         assert err <= FLOAT64_IDENTITY * max(1.0, alone.abs().max().item()), (
             f"{impl.name}: row {b} (prompt of {len(prompt)} of lengths {[len(p) for p in case.prompts]}) "
             f"differs from decoding it alone by {err:.3g}")
+
+
+@needs_dtype("float64")
+@single_threaded
+@given(data=st.data())
+def test_ragged_batch_equals_alone(impl, data):
+    """Row b of a batch of ragged prompts decodes exactly as sequence b decoded on its own (float64)."""
+    assert_rows_decode_alone(impl, draw(data, impl, batch=(2, 3), dtypes=("float64",)))
+
+
+@needs_dtype("float64")
+@single_threaded
+@given(data=st.data())
+def test_rows_sharing_leading_tokens_decode_alone(impl, data):
+    """Rows that start with row 0's tokens, or with all but one early token of them, in a model of 2-3 layers,
+    each decode exactly as alone (float64).  Layer 0's keys depend on a token and its position only; a
+    prefix cache that reuses a block by its own tokens, not by everything before them, is wrong from layer 1."""
+    case = draw(data, impl, batch=(2, 3), dtypes=("float64",), max_prompt=16)
+    base, *rest = case.prompts
+    related = data.draw(relate(base, tuple(rest), case.vocab), label="rows after row 0")
+    assert_rows_decode_alone(impl, dataclasses.replace(case, prompts=(base, *related), n_layer=max(2, case.n_layer)))
 
 
 @needs_dtype("float64")
@@ -204,8 +257,11 @@ def test_bad_input_is_rejected(impl):
     for bad in ([], [torch.tensor([[1, 2]])], [torch.tensor([1, 2, 3, 4])], [torch.tensor([9])], [torch.tensor([])]):
         assert_rejected(impl, f"prompts {bad}", bad, method=decoder.prefill, names=("prompts",))
     contract.prefill(impl, decoder, model, [torch.tensor([1, 2])])
-    assert_rejected(impl, "two tokens for one sequence", torch.tensor([1, 2]), method=decoder.step, names=("tokens",))
-    contract.step(impl, decoder, model, torch.tensor([3]))
+    for bad in (torch.tensor([1, 2]), torch.tensor([9]), torch.tensor([[3]])):
+        assert_rejected(impl, f"tokens {bad.tolist()}", bad, method=decoder.step, names=("tokens",))
+    logits = contract.step(impl, decoder, model, torch.tensor([3]))  # the rejected calls left no trace
+    Forward(impl, model, torch.tensor([1, 2, 3])).check(logits, 2, case.dtype, what=f"{impl.name}: the step "
+                                                        "after three rejected ones")
     assert_rejected(impl, "a step past max_len", torch.tensor([3]), method=decoder.step, names=("max_len",))
 
 

@@ -10,11 +10,13 @@
   the tokens it has seen so far (prompt + stepped tokens), within the earned tolerance of the model's
   dtype; approximate ones (``exact=False``, e.g. a quantized cache) within their own tolerance row.
 * Sequences in a batch are independent: row b does not depend on the other prompts or their lengths.
-* ``prefill`` starts a new batch (dropping any previous one).  A sequence may hold at most
-  ``max_len <= model.cfg.block_size`` tokens; asking for more raises ValueError, as does ``step``
-  before ``prefill`` or a ``tokens`` of the wrong shape.  Logits have the model's dtype; inputs and
-  the model are left unchanged.  `CachedDecoder` runs under ``torch.inference_mode`` (no autograd
-  bookkeeping on any op of a step), so its logits are inference tensors: read them, don't modify them in place.
+* ``prefill`` starts a new batch (dropping any previous one, and freeing what it held). Two decoders of one
+  model are independent: keep the cache on the decoder, not the model. A call that raises leaves the decoder
+  as it was. A sequence may hold at most ``max_len <= model.cfg.block_size`` tokens; asking for more raises
+  ValueError, as does ``step`` before ``prefill`` or a ``tokens`` of the wrong shape. Logits have the
+  model's dtype; inputs and the model (weights, buffers and config) are left unchanged. `CachedDecoder` runs
+  under ``torch.inference_mode`` (no autograd bookkeeping on any op of a step), so its logits are inference
+  tensors: read them, don't modify them in place.
 
 Plugging in a cache layout: subclass `CachedDecoder` and implement ``allocate(batch)`` and
 ``attend(layer, q, k, v)`` (store k, v of the tokens at ``self.positions``, then attend with

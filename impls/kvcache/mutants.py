@@ -116,6 +116,51 @@ class KeepsCacheAcrossPrefill(ConcatDecoder):
             self.batch = batch
 
 
+class SlidingWindow(StaticDecoder):
+    """A leftover sliding-window mask (Mistral's 4096, here 24 tokens): a query sees only the last 24 keys."""
+
+    WINDOW = 24
+
+    def plan(self):
+        super().plan()
+        self.start, self.mask = None, self.visible()[..., : self.span]  # always the masked path
+
+    def visible(self):
+        slots = torch.arange(self.max_len)[None, None, :]
+        return (slots <= self.positions[:, :, None]) & (slots > self.positions[:, :, None] - self.WINDOW)
+
+
+class CacheOnModel(StaticDecoder):
+    """The cache lives on the model object (gpt-fast's model.setup_caches), so every decoder of that model
+    reads and writes the same one."""
+
+    @property
+    def cache(self):
+        return self.model.kv_cache
+
+    @cache.setter
+    def cache(self, value):
+        self.model.kv_cache = value  # a plain attribute: outside the state_dict the guard compares
+
+
+class AdvancesBeforeValidation(StaticDecoder):
+    """The position counter is advanced before the step's tokens are checked (HF's cache_position), so a
+    rejected step still moves every later token one position on."""
+
+    def prefill(self, prompts):
+        out = super().prefill(prompts)
+        self.counter = self.lengths.clone()
+        return out
+
+    def step(self, tokens):
+        if self.lengths is not None:
+            self.counter = self.counter + 1
+        return super().step(tokens)
+
+    def next_positions(self):
+        return (self.counter - 1)[:, None].clamp(max=self.model.cfg.block_size - 1)  # (B, 1)
+
+
 MUTANTS = {
     "positions_restart": (PositionsRestart, "decode positions restart at 0 after the prompt",
                           "prefill_then_steps_equal_forward"),
@@ -132,7 +177,14 @@ MUTANTS = {
     "sized_for_the_prompt": (SizedForThePrompt, "the cache holds the prompt plus 8 tokens; later tokens "
                              "overwrite its last slot", "long_sequences_cross_cache_blocks"),
     "keeps_cache_across_prefill": (KeepsCacheAcrossPrefill, "a second prefill of the same batch size appends "
-                                   "to the previous batch's cache", "second_prefill_starts_a_new_batch"),
+                                   "to the previous batch's cache", "every_prefill_starts_a_new_batch"),
+    "sliding_window": (SlidingWindow, "a leftover sliding-window mask: each query sees only the last 24 keys",
+                       "long_sequences_cross_cache_blocks"),
+    "cache_on_model": (CacheOnModel, "the cache is an attribute of the model, so two decoders of one model share "
+                       "it", "decoders_on_one_model_are_independent"),
+    "advances_before_validation": (AdvancesBeforeValidation, "the position counter moves before a step's tokens "
+                                   "are checked: a rejected step shifts every later position",
+                                   "bad_input_is_rejected"),
 }
 for _name, (_cls, _bug, _killer) in MUTANTS.items():
     register("kvcache", f"mutant_{_name}", dtypes=("float64", "float32"), mutant=True, bug=_bug,
