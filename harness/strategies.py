@@ -522,6 +522,9 @@ def tanh_stack_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64", "flo
 
 # ---------------------------------------------------------------------------------------------
 # kvcache (harness/contracts/kvcache.py): tiny random GPTs and ragged prompts, all from a drawn seed
+POSITIONS = 32  # the block_size of every decode case's model: the most tokens a sequence may hold
+
+
 @dataclass(frozen=True)
 class DecodeCase:
     n_layer: int
@@ -539,7 +542,7 @@ class DecodeCase:
     def config(self, n_kv_head: int | None = None):
         from harness.models.gpt import GPTConfig
 
-        return GPTConfig(vocab_size=self.vocab, block_size=32, n_layer=self.n_layer, n_head=self.n_head,
+        return GPTConfig(vocab_size=self.vocab, block_size=POSITIONS, n_layer=self.n_layer, n_head=self.n_head,
                          n_kv_head=n_kv_head or self.n_kv_head, n_embd=self.n_head * self.head_dim,
                          positions=self.positions)
 
@@ -610,7 +613,7 @@ def decode_cases(
     prompts = [tuple(draw(st.lists(tokens, min_size=n, max_size=n))) for n in lengths]
     if related and B > 1 and draw(st.booleans()):
         prompts = [prompts[0], *draw(relate(prompts[0], tuple(prompts[1:]), vocab))]
-    room = 32 - max(lengths)  # the model's block_size
+    room = POSITIONS - max(lengths)
     steps = [st.integers(0, min(max_steps, room))] + ([st.just(room)] if fill else [])
     n_steps = draw(st.one_of(*steps))
     spare_slots = draw(spare if spare is not None else st.integers(0, 3))
@@ -619,7 +622,7 @@ def decode_cases(
         head_dim=draw(st.sampled_from([2, 4, 8] if n_head > 1 else [4, 8])),  # n_embd >= 4, see below
         positions=draw(st.sampled_from(["rotary", "learned"])), vocab=vocab, prompts=tuple(prompts),
         steps=tuple(tuple(draw(st.lists(tokens, min_size=B, max_size=B))) for _ in range(n_steps)),
-        max_len=min(32, max(lengths) + n_steps + spare_slots), dtype=draw(st.sampled_from(dtypes)),
+        max_len=min(POSITIONS, max(lengths) + n_steps + spare_slots), dtype=draw(st.sampled_from(dtypes)),
         seed=draw(seeds),
     )
 
