@@ -140,13 +140,13 @@ def test_every_prefill_starts_a_new_batch(impl, data):
     """prefill drops the previous batch: 2-4 batches (other prompts, maybe another batch size, sometimes
     sharing leading tokens) decoded one after another on one decoder each decode exactly as on a fresh
     decoder (float64).  A cache that keeps, or never frees, an old batch's blocks fails here."""
-    first, batches = draw(data, impl, batch=(1, 3), dtypes=("float64",), max_prompt=12, related=True), []
+    first = draw(data, impl, batch=(1, 3), dtypes=("float64",), max_prompt=12, related=True)
+    batches = [first]
     for _ in range(data.draw(st.integers(1, 3), label="more")):
         case = fresh(first, draw(data, impl, batch=(1, 3), dtypes=("float64",), max_prompt=12, related=True))
         if data.draw(st.booleans(), label="reuse the first batch's leading tokens"):
             case = dataclasses.replace(case, prompts=data.draw(relate(first.prompts[0], case.prompts, first.vocab)))
         batches.append(case)
-    batches = [first, *batches]
     model = first.model()
     decoder = contract.make(impl, model, max(case.max_len for case in batches))
     for n, case in enumerate(batches):
@@ -167,10 +167,11 @@ def test_decoders_on_one_model_are_independent(impl, data):
     decoders = [contract.make(impl, model, case.max_len) for case in (one, two)]
     calls = [[contract.prefill(impl, decoder, model, case.prompt_tensors())]
              for decoder, case in zip(decoders, (one, two), strict=True)]
-    for t in range(max(len(one.steps), len(two.steps))):
-        for decoder, case, out in zip(decoders, (one, two), calls, strict=True):
-            if t < len(case.steps):
-                out.append(contract.step(impl, decoder, model, case.step_tensors()[t]))
+    steps = [case.step_tensors() for case in (one, two)]
+    for t in range(max(map(len, steps))):
+        for decoder, tokens, out in zip(decoders, steps, calls, strict=True):
+            if t < len(tokens):
+                out.append(contract.step(impl, decoder, model, tokens[t]))
     for n, (case, out) in enumerate(zip((one, two), calls, strict=True)):
         assert_same_calls(impl, out, decode(impl, model, case), f"decoder {n} of 2 interleaved on one model")
 
