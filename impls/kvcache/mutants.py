@@ -131,16 +131,21 @@ class SlidingWindow(StaticDecoder):
 
 
 class CacheOnModel(StaticDecoder):
-    """The cache lives on the model object (gpt-fast's model.setup_caches), so every decoder of that model
-    reads and writes the same one."""
+    """The cache lives on the model object (gpt-fast's model.setup_caches, grown to the largest batch and
+    length asked for), so every decoder of that model reads and writes the same one."""
+
+    def allocate(self, batch):
+        cfg, shared = self.model.cfg, getattr(self.model, "kv_cache", None)
+        if shared is None or shared.shape[2] < batch or shared.shape[4] < self.max_len:
+            rows, slots = max(batch, 0 if shared is None else shared.shape[2]), max(self.max_len, 0 if shared is None
+                                                                                     else shared.shape[4])
+            shape = (cfg.n_layer, 2, rows, cfg.n_kv_head, slots, cfg.head_dim)  # (L, k|v, B, Hkv, S, d)
+            self.model.kv_cache = torch.full(shape, float("nan"), dtype=self.dtype)  # outside the state_dict
+        self.rows = torch.arange(batch)[:, None]  # (B, 1)
 
     @property
     def cache(self):
-        return self.model.kv_cache
-
-    @cache.setter
-    def cache(self, value):
-        self.model.kv_cache = value  # a plain attribute: outside the state_dict the guard compares
+        return self.model.kv_cache[:, :, : self.rows.shape[0], :, : self.max_len]  # a view: writes reach the model
 
 
 class AdvancesBeforeValidation(StaticDecoder):
