@@ -34,15 +34,16 @@ from impls.attention.tiled import register_tiles
 LIMIT = 2.0**40  # largest row sum accepted from a fixed shift: every e^(S - m) <= 2^40, far from overflow
 FLOOR = 2.0**-60  # smallest row sum accepted: its largest term is a normal float32, the lost ones < 2^-89 of it
 EXP, EXP2 = (1.0, torch.Tensor.exp_), (math.log2(math.e), torch.Tensor.exp2_)  # (score factor, in-place exp)
-# Floats in one pass's score block (1 MiB in float32): a 2 MiB L2 keeps it between the GEMM that writes it and the
-# exp, row sum and GEMM that read it.  At 256 x 512 that is two kv heads per pass instead of eight.
+# Floats of one pass's score block per CPU thread (1 MiB in float32): a core's 2 MiB L2 keeps its heads' block between
+# the GEMM that writes it and the exp, row sum and GEMM that read it (the batched GEMM gives each thread its own heads).
+# At 256 x 512 on one thread that is two kv heads per pass instead of eight.
 SCORE_FLOATS = 2**18
 
 
-def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256, score_floats=SCORE_FLOATS,
-                             exp2=None):
-    """The attention contract's call; `score_floats` caps a pass's score block, `exp2` pins the exp's base
-    (None: whichever `faster_exp2` found faster)."""
+def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=256, score_floats=None, exp2=None):
+    """The attention contract's call; `score_floats` caps a pass's score block (None: SCORE_FLOATS per CPU
+    thread, every head at once on a GPU), `exp2` pins the exp's base (None: whichever `faster_exp2` found
+    faster)."""
     scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     if (empty := no_work_output(q, Nk)) is not None:  # no rows: trusted() would take the min of nothing
@@ -59,6 +60,8 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
     out = torch.empty(BH, G, Nq, d, dtype=q.dtype, device=q.device)  # every row is written below
     out[:, :, : first_row if Nk else Nq] = 0  # rows that see no key
     R, masks = min(Br, Nq) * G, {}
+    if score_floats is None:
+        score_floats = SCORE_FLOATS * torch.get_num_threads() if q.device.type == "cpu" else BH * R * min(Bc, Nk)
     HG = max(1, min(BH, score_floats // (R * min(Bc, Nk or 1))))  # kv heads per pass, as many as the budget holds
     work = (torch.empty(HG * R * min(Bc, Nk), dtype=acc_t, device=q.device),  # one score block, and acc, l:
             torch.empty(HG, R, d, dtype=acc_t, device=q.device), torch.empty(HG, R, 1, dtype=acc_t, device=q.device))
