@@ -24,6 +24,7 @@ prove it was needed".
 import math
 import time
 from functools import cache, partial
+from typing import NamedTuple
 
 import torch
 
@@ -63,8 +64,8 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
     if score_floats is None:
         score_floats = SCORE_FLOATS * torch.get_num_threads() if q.device.type == "cpu" else BH * R * min(Bc, Nk)
     HG = max(1, min(BH, score_floats // (R * min(Bc, Nk or 1))))  # kv heads per pass, as many as the budget holds
-    work = (torch.empty(HG * R * min(Bc, Nk), dtype=acc_t, device=q.device),  # one score block, and acc, l:
-            torch.empty(HG, R, d, dtype=acc_t, device=q.device), torch.empty(HG, R, 1, dtype=acc_t, device=q.device))
+    work = Work(torch.empty(HG * R * min(Bc, Nk), dtype=acc_t, device=q.device), *(
+        torch.empty(HG, R, n, dtype=acc_t, device=q.device) for n in (d, 1, 1)), views={})
     plans = []  # per query block: rows, key blocks, their -inf bias, tril's diagonal
     for i0 in range(first_row, Nq if Nk else 0, Br):
         i1 = min(i0 + Br, Nq)
@@ -81,6 +82,21 @@ def fa2_optimistic_attention(q, k, v, *, causal=False, scale=None, Br=128, Bc=25
             acc, l = query_block(qi, kTh, vvh, blocks, work, alpha, exp_, bias, tril)  # noqa: E741
             normalize_into(oh[:, :, i0:i1].transpose(1, 2), acc, l)  # (HG, Br, G, d)
     return out.reshape(B, H, Nq, d)  # (B, H, Nq, d)
+
+
+class Work(NamedTuple):
+    """Buffers reused by every block: fresh 1-2 MB tensors would be fresh pages from the OS, whose page
+    faults cost as much as a third of the GEMM that fills them."""
+    scores: torch.Tensor  # flat, one pass's score block
+    acc: torch.Tensor  # (HG, Br*G, d)
+    l: torch.Tensor  # noqa: E741 - (HG, Br*G, 1)
+    sums: torch.Tensor  # (HG, Br*G, 1): one key block's row sums
+    views: dict  # (heads, rows, keys) -> that view of scores, made once
+
+    def scores_view(self, *shape: int) -> torch.Tensor:
+        if shape not in self.views:
+            self.views[shape] = self.scores[: math.prod(shape)].view(shape)
+        return self.views[shape]
 
 
 def normalize_into(dest, acc, l):  # noqa: E741
@@ -109,13 +125,12 @@ def fixed_shift_block(qi, kT, vv, blocks, neg_m, work, alpha, exp_, bias, tril):
     A block crossing the diagonal gets its -inf `bias((j0, j1))` from the GEMM, or, given `tril` (the
     query block's first row's last visible key, when each score row is one query row), tril_ zeroes the
     terms its rows may not see after exp, writing only those zeros: the bias costs a pass before the GEMM.
-    Everything goes to `work`, buffers reused by every block: fresh 2 MB tensors would be fresh pages from
-    the OS, and their page faults cost as much as a third of the GEMM that fills them."""
-    scores, acc, l = work[0], work[1][: qi.shape[0], : qi.shape[1]], work[2][: qi.shape[0], : qi.shape[1]]  # noqa: E741
+    Everything goes to `work`."""
+    acc, l, sums = (t[: qi.shape[0], : qi.shape[1]] for t in (work.acc, work.l, work.sums))  # noqa: E741
     for n, (j0, j1, crosses) in enumerate(blocks):
         mask = bias((j0, j1)) if crosses and tril is None else None
         shift = neg_m if mask is None else mask if neg_m is None else neg_m + mask
-        s = scores[: qi.shape[0] * qi.shape[1] * (j1 - j0)].view(qi.shape[0], qi.shape[1], j1 - j0)  # (.., Br*G, Bc)
+        s = work.scores_view(qi.shape[0], qi.shape[1], j1 - j0)  # (HG, Br*G, Bc)
         if shift is None:
             s.baddbmm_(qi, kT[..., j0:j1], beta=0, alpha=alpha)  # beta=0: s's old values are never read
         else:
@@ -127,7 +142,7 @@ def fixed_shift_block(qi, kT, vv, blocks, neg_m, work, alpha, exp_, bias, tril):
             torch.sum(s, dim=-1, keepdim=True, out=l)
             torch.bmm(s, vv[:, j0:j1], out=acc)
         else:
-            l.add_(s.sum(dim=-1, keepdim=True))
+            l.add_(torch.sum(s, dim=-1, keepdim=True, out=sums))
             acc.baddbmm_(s, vv[:, j0:j1])  # acc += P~ V_j
     return acc, l
 
