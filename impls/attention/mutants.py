@@ -13,6 +13,8 @@ BUGS = {
     "cheating_softmax": "each key block normalized on its own and the block outputs averaged",
     "missing_rescale": "running sum and output not rescaled by e^(m - m') when the max grows",
     "causal_top_left": "causal mask aligned top-left (j <= i) instead of bottom-right when Nq != Nk",
+    "causal_one_past_diagonal": "causal mask one key too wide (j <= i + 1, tril's diagonal off by one): each "
+                                "row also sees the next token",
     "drops_partial_tile": "the partial last key tile (Nk % Bc keys) is never visited",
     "unscaled_scores": "default scale 1 instead of 1/sqrt(d)",
     "contiguous_strides": "q, k, v read through their data pointers with contiguous strides: heads viewed out of "
@@ -40,7 +42,8 @@ def buggy_attention(q, k, v, *, causal=False, scale=None, bug: str, Br=32, Bc=32
             s = qg[..., i0:i1, :] @ kT[..., j0:j1] * scale  # (B, Hkv, G, Br, Bc)
             if causal:
                 i, j = torch.arange(i0, i1, device=q.device), torch.arange(j0, j1, device=q.device)
-                s = s.masked_fill(~(j[None, :] <= i[:, None] + offset), float("-inf"))  # (Br, Bc) mask
+                wide = 1 if bug == "causal_one_past_diagonal" else 0
+                s = s.masked_fill(~(j[None, :] <= i[:, None] + offset + wide), float("-inf"))  # (Br, Bc) mask
             m_new = torch.maximum(m, s.amax(-1))
             m_safe = torch.where(torch.isfinite(m_new), m_new, 0)
             p = torch.exp(s - m_safe[..., None])
