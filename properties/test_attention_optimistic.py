@@ -71,10 +71,10 @@ def test_each_tier_is_reached_and_exact(tier, seed, magnitude, causal):
 @given(case=attention_cases(dtypes=("float64", "float32"), max_len=80), heads_per_pass=st.integers(1, 3),
        tile=st.sampled_from([(16, 16), (17, 33), (32, 8)]), exp2=st.booleans())
 def test_head_groups_see_only_their_heads(case, heads_per_pass, tile, exp2):
-    """A score budget of 1-3 kv heads per pass (at 256 x 512 the real one holds two) gives the reference's
+    """A score budget of 1-3 kv heads per pass (one CPU thread's holds two at 256 x 512) gives the reference's
     output: each group's slices of q, k, v, out and the work buffers are its own, the last, shorter group too.
-    The registered tiles see every head in one pass at the sizes the other properties draw.  Both bases of
-    the exp are drawn: the other properties see only the one this machine runs faster."""
+    The registered tiles split only the largest cases the other properties draw.  Both bases of the exp are
+    drawn: the other properties see only the one this machine runs faster."""
     q, k, v = case.tensors()
     Br, Bc = tile
     budget = heads_per_pass * min(Br, case.Nq) * (case.H // case.Hkv) * min(Bc, case.Nk)

@@ -195,5 +195,6 @@ def faster_exp2(device_type: str) -> bool:
         seconds[op] = min(seconds.get(op, math.inf), time.perf_counter() - start)
     return seconds[torch.exp2] < seconds[torch.exp]
 
+
 register_tiles("fa2_optimistic", fa2_optimistic_attention, ((128, 256), (256, 512), (17, 33)), io="fa2",
                cite="Dao 2023, FlashAttention-2, Algorithm 1, with a fixed shift checked through the row sums")
