@@ -53,21 +53,41 @@ def test_standard_twin_moves_4N2_plus_4Nd(case, causal):
         assert io.traffic == 4 * N * N + 4 * N * d, f"standard attention moved {io.traffic}, not 4N^2 + 4Nd"
 
 
+def causal_visits(Nq: int, Nk: int, Br: int, Bc: int) -> tuple[int, int]:
+    """(key blocks, keys) a causal FA-2 loads over all query blocks: those up to the block holding its last
+    row's last visible key (bottom-right alignment), none for a query block whose rows see no key."""
+    blocks = keys = 0
+    for i0 in range(0, Nq, Br):
+        last_key = min(i0 + Br, Nq) - 1 + Nk - Nq
+        n = 0 if last_key < 0 else min(-(-Nk // Bc), last_key // Bc + 1)
+        blocks, keys = blocks + n, keys + min(Nk, n * Bc)
+    return blocks, keys
+
+
 @given(case=io_cases(), causal=st.booleans())
 @example(case=IOCase(Nq=5, Nk=3, d=2, Br=2, Bc=2, seed=0), causal=True)  # rows that see no key
+@example(case=IOCase(Nq=7, Nk=3, d=2, Br=2, Bc=1, seed=0), causal=True)  # review: skip offset max(Nk - Nq, 0)
 def test_fa2_twin_traffic_is_closed_form(case, causal):
-    """FA-2 order: Nd (Q) + 2Nd * ceil(N/Br) (K, V per query block) + Nd (O) + N (L), O written once."""
+    """FA-2 order: Nd (Q) + 2Nd * ceil(N/Br) (K, V per query block) + Nd (O) + N (L), O written once; causal:
+    K and V of the visited key blocks only, counted here by `causal_visits`.  L is the logsumexp of the
+    scaled (masked) scores, what the backward recomputes P from."""
     Q, K, V = case.tensors()
     O, L, io = fa2_io(Q, K, V, Memory(), Br=case.Br, Bc=case.Bc, causal=causal)  # noqa: E741 - paper notation
     assert_attention(O, Q, K, V, causal, "FA-2")
+    S = Q @ K.T / math.sqrt(case.d)  # (Nq, Nk)
+    if causal:
+        i, j = torch.arange(case.Nq)[:, None], torch.arange(case.Nk)[None, :]
+        S = S.masked_fill(j > i + case.Nk - case.Nq, float("-inf"))
+    assert torch.allclose(L, torch.logsumexp(S, dim=-1), rtol=0, atol=1e3 * FLOAT64_IDENTITY), "L is not logsumexp"
+    assert io.writes == case.Nq * case.d + case.Nq, "FA-2 must write O and L exactly once"
     if not causal:
         assert io.traffic == fa2_traffic(case.Nq, case.Nk, case.d, case.Br)
-        assert io.writes == case.Nq * case.d + case.Nq, "FA-2 must write O and L exactly once"
         N, d, Br = case.Nq, case.d, case.Br
         if case.Nq == case.Nk and N % Br == 0:
             assert io.traffic == N * d + 2 * N * d * (N // Br) + N * d + N
     else:
-        assert io.traffic <= fa2_traffic(case.Nq, case.Nk, case.d, case.Br), "causal skipping must not add traffic"
+        blocks, keys = causal_visits(case.Nq, case.Nk, case.Br, case.Bc)
+        assert (io.blocks, io.traffic) == (blocks, 2 * case.Nq * case.d + case.Nq + 2 * case.d * keys)
 
 
 @given(N=st.integers(1, 48), d=st.integers(1, 24), seed=seeds, data=st.data())
@@ -84,6 +104,31 @@ def test_fa1_twin_with_the_papers_blocks(N, d, seed, data):
     assert io.peak_sram <= 5 * M / 4 + 11 * d
 
 
+@given(N=st.integers(1, 24), Nk=st.integers(1, 24), d=st.integers(1, 6), Br=st.integers(1, 10),
+       Bc=st.integers(1, 10))
+def test_fa1_twin_traffic_is_algorithm_1(N, Nk, d, Br, Bc):
+    """Algorithm 1 counted line by line, with Nk != N: O, l, m initialised in HBM (line 2) and written back
+    after every key block (line 12-13); K, V read once (line 6); Q, O, l, m read per key block (line 8)."""
+    io = fa1_io(*IOCase(N, Nk, d, Br, Bc, 0).tensors(), Memory(), Br=Br, Bc=Bc)[-1]
+    Tc = -(-Nk // Bc)
+    assert (io.writes, io.reads) == ((N * d + 2 * N) * (1 + Tc), 2 * Nk * d + Tc * (2 * N * d + 2 * N))
+    assert io.traffic == fa1_traffic(N, Nk, d, Bc)
+
+
+def test_fa1_paper_blocks_round_up():
+    """Bc = ceil(M / 4d), Br = min(Bc, d): M = 1000 gives ceil(15.6) = 16 at d = 16, ceil(31.25) = 32 at d = 8."""
+    assert (fa1_paper_blocks(1000, 16), fa1_paper_blocks(1000, 8)) == ((16, 16), (8, 32))
+
+
+def test_fitting_blocks_fill_the_sram_exactly():
+    """An M that is exactly a tile's footprint fits that tile, not the next smaller one (random M rarely lands
+    on a footprint, so these are enumerated)."""
+    for d in range(1, 9):
+        for b in range(1, 20):
+            assert fitting_blocks(fa2_sram(b, b, d), d, "fa2") == (b, b)
+            assert fitting_blocks(fa1_sram(min(b, d), b, d), d, "fa1") == (min(b, d), b)
+
+
 @given(N=st.integers(1, 48), d=st.integers(1, 24), seed=seeds, loop=st.sampled_from(["fa1", "fa2"]), data=st.data())
 def test_peak_sram_never_exceeds_M(N, d, seed, loop, data):
     """With the largest blocks that fit, the twin runs inside an SRAM of capacity M; one row or
@@ -93,8 +138,7 @@ def test_peak_sram_never_exceeds_M(N, d, seed, loop, data):
     Q, K, V = IOCase(N, N, d, Br, Bc, seed).tensors()
     run = (lambda Br, Bc, mem: fa1_io(Q, K, V, mem, Br=Br, Bc=Bc)) if loop == "fa1" else (
         lambda Br, Bc, mem: fa2_io(Q, K, V, mem, Br=Br, Bc=Bc))
-    io = run(Br, Bc, Memory(capacity=M))[-1]
-    assert io.peak_sram <= M
+    io = run(Br, Bc, Memory(capacity=M))[-1]  # a Memory of capacity M raises the moment it would hold more
     footprint = fa1_sram if loop == "fa1" else fa2_sram
     assert io.peak_sram == footprint(min(Br, N), min(Bc, N), d)
     if Bc < N:  # a bigger key block must not fit
@@ -114,6 +158,14 @@ def test_causal_skipping_visits_T_T_plus_1_over_2_blocks(T, B, d, seed):
     assert_attention(O, Q, K, V, causal=True, what="causal FA-2")
     assert io.blocks == causal_blocks(T * B, B) == T * (T + 1) // 2
     assert fa2_io(Q, K, V, Memory(), Br=B, Bc=B)[-1].blocks == T * T
+
+
+@given(T=st.integers(1, 12), B=st.integers(1, 12), short=st.integers(0, 11))
+def test_causal_blocks_of_a_ragged_length(T, B, short):
+    """causal_blocks(N, B) for N not a multiple of B is the blocks the causal twin visits."""
+    N = max(1, T * B - short % B)
+    Q, K, V = IOCase(N, N, 1, B, B, 0).tensors()
+    assert fa2_io(Q, K, V, Memory(), Br=B, Bc=B, causal=True)[-1].blocks == causal_blocks(N, B)
 
 
 def test_seeds_exercise_N4096_d128_Br128():

@@ -6,6 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness import roofline
 from harness.iomodel import Memory, fa2_io, standard_io, standard_traffic
 from harness.roofline import DEVICES, decode_seconds_per_token, flash_kernels, measure_cpu, standard_kernels
 
@@ -13,6 +14,13 @@ from harness.roofline import DEVICES, decode_seconds_per_token, flash_kernels, m
 def test_a100_balance_point_is_153_to_156_flop_per_byte():
     assert 153 <= DEVICES["A100-SXM4-80GB"].balance <= 156
     assert all(d.balance > 100 for d in DEVICES.values()), "every GPU here needs > 100 FLOP/B to be compute bound"
+
+
+def test_balance_points_are_the_datasheets():
+    """Dense fp16 tensor FLOP/s over HBM bandwidth: A100 312T / 2.039 and 1.555 TB/s, H100 SXM 989T / 3.35,
+    H200 989T / 4.8 (a sparse FLOP figure or a bandwidth copied from another part moves one of these)."""
+    assert {name: round(d.balance) for name, d in DEVICES.items()} == {
+        "A100-SXM4-80GB": 153, "A100-40GB": 201, "H100-SXM5": 295, "H200-SXM": 206}
 
 
 def test_qk_intensity_d64_is_about_57_at_N1024_fp16():
@@ -50,3 +58,16 @@ def test_flash_is_faster_than_standard_on_every_gpu_at_the_seeds_size():
 def test_cpu_ceilings_are_measured():
     cpu = measure_cpu(n=256, copy_mb=8, repeats=2)
     assert math.isfinite(cpu.flops) and cpu.flops > 0 and math.isfinite(cpu.bandwidth) and cpu.bandwidth > 0
+
+
+def test_cpu_ceilings_count_2n3_flops_and_both_copy_directions(monkeypatch):
+    """With every timing read as 1 s, the ceilings are the counts: 2n^3 for an n x n matmul, and a copy
+    of 1 MiB moves 2 MiB (read and write)."""
+    monkeypatch.setattr(roofline, "_seconds", lambda fn: 1.0)
+    cpu = measure_cpu(n=4, copy_mb=1, repeats=1)
+    assert (cpu.flops, cpu.bandwidth) == (2 * 4**3, 2 * 2**20)
+
+
+def test_decode_time_scales_with_bytes_per_weight():
+    a100 = DEVICES["A100-SXM4-80GB"]
+    assert [decode_seconds_per_token(7e9, size, a100) for size in (1, 2)] == [7e9 / 2039e9, 14e9 / 2039e9]
