@@ -4,7 +4,7 @@ Choose a profile with ``--hypothesis-profile dev|ci|thorough`` (default: dev, or
 A test that takes ``impl`` is parametrized over every registered non-mutant implementation of the
 module's TECHNIQUE; where it does not apply (a dtype or device not declared, an asymmetric quantizer
 for the absmax round trip...) the case is a visible skip with the reason, as `harness check` reports it
-(`pytest -rs` lists them).  Mutants are exercised by properties/test_mutants.py.
+(`pytest -rs` lists them).  Mutants are exercised by tests/test_mutants.py.
 """
 
 import os

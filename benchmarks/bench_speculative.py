@@ -1,6 +1,6 @@
 """Speculative decoding: enumeration cost, acceptance, tokens per target call, quality, wall-clock speedup.
 
-Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from impls/drafts.  Ratios
+Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from harness/drafts.  Ratios
 (speedup, c) are measured within one process, one setup, so that load on a shared machine cancels.
 """
 
@@ -40,10 +40,10 @@ def _models():
 
 
 def _draft(name: str):
+    from harness.drafts.ngram import ngram, uniform
+    from harness.drafts.prompt_lookup import PromptLookup
     from harness.lm import GPTLM
     from harness.models import zoo
-    from impls.drafts.ngram import ngram, uniform
-    from impls.drafts.prompt_lookup import PromptLookup
 
     V = zoo.tokenizer().vocab_size
     return {"draft_good": lambda: GPTLM(zoo.load("draft_good")), "draft_bad": lambda: GPTLM(zoo.load("draft_bad")),
@@ -78,7 +78,8 @@ class Enumeration:
 
     def setup(self, impl, device):
         from harness.lm import TableLM
-        from harness.strategies import generator, probability_table
+        from harness.strategies.common import generator
+        from harness.strategies.speculative import probability_table
 
         self.fn = _enumerable_sampler(impl, device)
         g = generator(0)

@@ -11,10 +11,11 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harness.contracts.attention import call, causal_allowed
+from harness.contracts.attention import call, causal_allowed, declared_max_len
 from harness.devices import available, unavailable_reason
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
-from harness.references import (
+from harness.online_softmax import Partial, finalize, identity, merge, partial
+from harness.references.attention import (
     attention64,
     attention_lse64,
     attention_lse_plain,
@@ -22,9 +23,15 @@ from harness.references import (
     attention_score_conditioning,
 )
 from harness.runner import applies, needs_dtype
-from harness.strategies import AttentionCase, attention_cases, long_cases, score_blocks
+from harness.strategies.attention import (
+    BAD_CAUSAL,
+    EMPTY_SHAPES,
+    AttentionCase,
+    attention_cases,
+    long_cases,
+    score_blocks,
+)
 from harness.tolerance import FLOAT64_IDENTITY, HIGH_PRECISION, assert_earned, dtype_of, earned_bound
-from impls.attention.merge import Partial, finalize, identity, merge, partial
 
 TECHNIQUE = "attention"
 
@@ -48,11 +55,6 @@ def test_matches_reference(impl, data):
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
     truth, plain = truth_and_plain(case, q, k, v)
     assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
-
-
-def declared_max_len(impl):
-    """The skip reason of the long-sequence properties for a kernel that declares a largest length."""
-    return impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: the other properties draw up to it"
 
 
 @applies(unavailable_reason)
@@ -189,12 +191,6 @@ def test_nan_inputs_propagate(impl, data, where):
         f"(e.g. {touched[torch.isfinite(touched)][:3].tolist()}) where every entry reads it")
 
 
-EMPTY_SHAPES = {  # (q, k/v shape): an empty batch or head group, a prefill chunk of no tokens, no cache yet
-    "B=0": ((0, 2, 4, 8), (0, 2, 4, 8)),
-    "H=0": ((1, 0, 4, 8), (1, 1, 4, 8)),
-    "Nq=0": ((1, 2, 0, 8), (1, 2, 4, 8)),
-    "Nk=0": ((1, 2, 4, 8), (1, 2, 0, 8)),
-}
 
 
 @applies(unavailable_reason)
@@ -218,7 +214,6 @@ BAD_INPUTS = {
     "batch mismatch": ((2, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
     "head dim 0": ((1, 2, 4, 0), (1, 2, 4, 0), (1, 2, 4, 0)),
 }
-BAD_CAUSAL = ("no", 0.5, None)
 
 
 @applies(unavailable_reason)

@@ -14,21 +14,17 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.contracts.attention import declared_max_len
 from harness.contracts.attention_backward import call
 from harness.devices import available, unavailable_reason
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call
 from harness.memory import TensorMemory
-from harness.references import (
-    attention64,
-    attention_backward64,
-    attention_backward_plain,
-    attention_lse64,
-    attention_probs64,
-)
+from harness.references.attention import attention64, attention_lse64
+from harness.references.attention_backward import attention_backward64, attention_backward_plain, attention_probs64
 from harness.runner import applies, needs_cap
-from harness.strategies import AttentionCase, attention_cases, fully_masked_cases, long_cases, output_grad
+from harness.strategies.attention import BAD_CAUSAL, EMPTY_SHAPES, AttentionCase, attention_cases, long_cases
+from harness.strategies.attention_backward import fully_masked_cases, output_grad
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound
-from properties.test_attention import BAD_CAUSAL, EMPTY_SHAPES, declared_max_len
 
 TECHNIQUE = "attention_backward"
 MAX_LEN = 80  # covers the tile edges 16-17, 32-33, 47-49, 63-65, 79-80; the Python tile loops keep CI in budget

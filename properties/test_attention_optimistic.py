@@ -14,8 +14,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.references import attention64, attention_plain, attention_score_conditioning
-from harness.strategies import attention_cases
+from harness.references.attention import attention64, attention_plain, attention_score_conditioning
+from harness.strategies.attention import attention_cases
 from harness.tolerance import assert_earned, dtype_of
 from impls.attention import fa2_optimistic
 

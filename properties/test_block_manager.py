@@ -33,7 +33,7 @@ from harness.contracts.block_manager import NullStorage, OutOfBlocks, open_manag
 from harness.guard import ContractViolation, assert_rejected
 from harness.registry import Impl
 from harness.simulator.examples import block_size_waste, parallel_sampling, shared_prompt_answers
-from harness.strategies import (
+from harness.strategies.block_manager import (
     EvictionProgram,
     PoolGeometry,
     appended_tokens,

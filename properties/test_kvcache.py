@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from harness.contracts import kvcache as contract
 from harness.guard import assert_rejected
 from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, concurrent_requests
-from harness.references import gpt_logits64, gpt_logits_plain
+from harness.references.kvcache import gpt_logits64, gpt_logits_plain
 from harness.registry import get
 from harness.runner import applies, needs_dtype
-from harness.strategies import DecodeCase, decode_cases, relate
+from harness.strategies.kvcache import DecodeCase, decode_cases, relate
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
 
 TECHNIQUE = "kvcache"

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from harness.contracts.paged_attention import call
 from harness.devices import available, unavailable_reason
 from harness.guard import ContractViolation, assert_rejected
-from harness.references import attention64, attention_plain, attention_score_conditioning
+from harness.references.attention import attention64, attention_plain, attention_score_conditioning
 from harness.runner import applies, needs_dtype
-from harness.strategies import paged_attention_blind_row_cases, paged_attention_cases
+from harness.strategies.attention import BAD_CAUSAL
+from harness.strategies.paged_attention import paged_attention_blind_row_cases, paged_attention_cases
 from harness.tolerance import HIGH_PRECISION, assert_earned, dtype_of
-from properties.test_attention import BAD_CAUSAL
 
 TECHNIQUE = "paged_attention"
 

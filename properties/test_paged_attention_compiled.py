@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from harness.contracts.paged_attention import call
 from harness.devices import available, unavailable_reason
 from harness.runner import applies, needs_cap
-from harness.strategies import paged_attention_cases
+from harness.strategies.paged_attention import paged_attention_cases
 from impls.paged_attention import compiled
 
 TECHNIQUE = "paged_attention"

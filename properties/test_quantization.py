@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from harness.contracts.quantization import call, code_range, dequantize, qmax, scale_shape, step_per_element
 from harness.devices import available, unavailable_reason
 from harness.guard import assert_rejected
-from harness.references import quantize64, zero_point_quantize64
+from harness.references.quantization import quantize64, zero_point_quantize64
 from harness.runner import applies
-from harness.strategies import QuantCase, quant_cases
+from harness.strategies.quantization import QuantCase, quant_cases
 from harness.tolerance import FLOAT64_IDENTITY, TOLERANCES, dtype_of
 
 TECHNIQUE = "quantization"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from harness.contracts.quantized_linear import Scheme, call
 from harness.devices import available, unavailable_reason
 from harness.guard import assert_rejected
-from harness.references import (
+from harness.references.quantized_linear import (
     quantized_linear64,
     quantized_linear_error_bound,
     quantized_linear_plain,
@@ -23,9 +23,9 @@ from harness.references import (
     smoothing_factors64,
 )
 from harness.runner import applies, needs_cap, needs_dtype
-from harness.strategies import LinearCase, linear_cases, outlier_batch_pairs, smoothing_cases
+from harness.strategies.quantized_linear import LinearCase, linear_cases, outlier_batch_pairs, smoothing_cases
 from harness.tolerance import FLOAT64_IDENTITY, TOLERANCES, assert_earned
-from impls.quantization.smoothquant import smooth, smoothing_factors
+from impls.quantized_linear.smoothquant import smooth, smoothing_factors
 
 TECHNIQUE = "quantized_linear"
 

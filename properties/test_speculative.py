@@ -17,11 +17,12 @@ from harness.contracts.speculative import call
 from harness.enumeration import exact_distribution, first_round, max_difference
 from harness.guard import assert_rejected, guarded_call
 from harness.lm import TableLM, TorchRng
-from harness.references import autoregressive_distribution, greedy_tokens
+from harness.references.speculative import autoregressive_distribution, greedy_tokens
 from harness.runner import applies
 from harness.speedup import acceptance_rate, best_gamma, speedup, tokens_per_call
 from harness.statistical import ALPHA, DELTA, POWER, goodness_of_fit, sample_size
-from harness.strategies import SpeculativeCase, context_free_pairs, generator, probability_table, speculative_cases
+from harness.strategies.common import generator
+from harness.strategies.speculative import SpeculativeCase, context_free_pairs, probability_table, speculative_cases
 from harness.tolerance import FLOAT64_IDENTITY
 
 TECHNIQUE = "speculative"

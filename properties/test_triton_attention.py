@@ -14,9 +14,14 @@ from hypothesis import strategies as st
 
 from harness.devices import available, unavailable_reason
 from harness.guard import call_limit, guarded_call
-from harness.references import attention_lse64, attention_lse_plain, attention_plain, attention_score_conditioning
+from harness.references.attention import (
+    attention_lse64,
+    attention_lse_plain,
+    attention_plain,
+    attention_score_conditioning,
+)
 from harness.runner import applies, needs_cap, needs_dtype
-from harness.strategies import attention_cases
+from harness.strategies.attention import attention_cases
 from harness.tolerance import HIGH_PRECISION, assert_earned, dtype_of
 
 TECHNIQUE = "attention"

@@ -87,3 +87,8 @@ def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     out = guarded_call(impl.fn, q, k, v, causal=causal, scale=scale, arg_names=("q", "k", "v"),
                        timeout_s=call_limit(impl))
     return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)
+
+
+def declared_max_len(impl):
+    """The skip reason of the long-sequence properties for a kernel that declares a largest length."""
+    return impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: the other properties draw up to it"

@@ -160,7 +160,7 @@ def attention_memory(r: Report) -> None:
     from tqdm import tqdm
 
     from harness.memory import TensorMemory
-    from harness.references import attention_lse64
+    from harness.references.attention import attention_lse64
     from harness.registry import get
 
     forward = get("attention", "naive").fn, get("attention", "fa2_64x64").fn

@@ -9,7 +9,7 @@ Dao et al. 2022, "FlashAttention", Sec. 3.1, Algorithm 1.
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from impls.attention.merge import accumulator_dtype
+from harness.online_softmax import accumulator_dtype
 from impls.attention.tiled import register_tiles
 
 

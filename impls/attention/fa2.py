@@ -9,7 +9,7 @@ the exact softmax-weighted average over keys 0..j.  Causal key blocks entirely a
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from impls.attention.merge import accumulator_dtype
+from harness.online_softmax import accumulator_dtype
 from impls.attention.tiled import register_tiles
 
 

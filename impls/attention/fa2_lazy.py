@@ -19,7 +19,7 @@ FlashAttention-4", 2025).
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs
-from impls.attention.merge import accumulator_dtype
+from harness.online_softmax import accumulator_dtype
 from impls.attention.tiled import register_tiles
 
 TAU = 8.0  # rescale only when a row max grows by more than this: p = e^(s - m) stays <= e^8

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from harness.contracts.attention import causal_allowed, check_inputs, no_work_output
-from impls.attention.merge import accumulator_dtype
+from harness.online_softmax import accumulator_dtype
 from impls.attention.tiled import register_tiles
 
 LIMIT = 2.0**40  # largest row sum accepted from a fixed shift: every e^(S - m) <= 2^40, far from overflow

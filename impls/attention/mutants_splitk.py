@@ -6,8 +6,8 @@ every partition had been shifted by the same max.  It is exact only when all par
 equal (e.g. a single partition), which is why a one-partition test would never see it.
 """
 
+from harness.online_softmax import Partial, finalize
 from harness.registry import register
-from impls.attention.merge import Partial, finalize
 from impls.attention.splitk_decode import partition_partials, tree_combine
 
 

@@ -5,7 +5,7 @@ float64, the full score matrix materialized, masked-out rows set to zero.
 Vaswani et al. 2017, "Attention Is All You Need", Sec. 3.2.1.
 """
 
-from harness.references import attention64
+from harness.references.attention import attention64
 from harness.registry import register
 
 

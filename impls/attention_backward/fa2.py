@@ -13,8 +13,8 @@ import torch
 
 from harness.contracts.attention import causal_allowed
 from harness.contracts.attention_backward import check_backward_inputs
+from harness.online_softmax import accumulator_dtype
 from harness.registry import register
-from impls.attention.merge import accumulator_dtype
 
 
 def fa2_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, Br=64, Bc=64):

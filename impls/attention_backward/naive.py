@@ -9,8 +9,8 @@ import torch
 
 from harness.contracts.attention import causal_allowed
 from harness.contracts.attention_backward import check_backward_inputs
+from harness.online_softmax import accumulator_dtype
 from harness.registry import register
-from impls.attention.merge import accumulator_dtype
 
 
 @register("attention_backward", "naive", devices=("cpu", "cuda"), cite="Dao et al. 2022, Algorithm 3")

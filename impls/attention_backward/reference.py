@@ -6,7 +6,7 @@ are not used).  Vaswani et al. 2017, Sec. 3.2.1; the gradients of softmax as in 
 """
 
 from harness.contracts.attention_backward import check_backward_inputs
-from harness.references import attention_backward64
+from harness.references.attention_backward import attention_backward64
 from harness.registry import register
 
 

@@ -7,8 +7,8 @@ bugs visible (as vLLM's kernel tests do).
 import torch
 
 from harness.contracts.paged_attention import check_inputs, key_mask
+from harness.online_softmax import Partial, finalize, partial
 from harness.registry import register
-from impls.attention.merge import Partial, finalize, partial
 from impls.attention.mutants import as_if_contiguous
 from impls.attention.mutants_splitk import merge_without_rescale
 from impls.paged_attention.gather import gather_kv

@@ -47,6 +47,6 @@ def speculative_batched(target, draft, prompts, *, gamma, max_new_tokens, rng, e
 @register("speculative", "batched", dtypes=("float64",),
           cite="Leviathan et al. 2023, Algorithm 1, batched over sequences")
 def batched(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
-    """The contract's single sequence as a batch of one (properties/test_enumeration.py runs B = 2)."""
+    """The contract's single sequence as a batch of one (tests/test_enumeration.py runs B = 2)."""
     return speculative_batched(target, draft, [prompt], gamma=gamma, max_new_tokens=max_new_tokens, rng=rng,
                                eos=eos)[0]

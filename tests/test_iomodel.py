@@ -27,8 +27,9 @@ from harness.iomodel import (
     standard_io,
     standard_traffic,
 )
-from harness.references import attention64
-from harness.strategies import IOCase, io_cases, seeds, sram_capacities
+from harness.references.attention import attention64
+from harness.strategies.common import seeds
+from harness.strategies.iomodel import IOCase, io_cases, sram_capacities
 from harness.tolerance import FLOAT64_IDENTITY
 
 

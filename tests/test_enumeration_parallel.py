@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from harness.enumeration import PARALLEL_AFTER_RUNS, exact_distribution, max_difference
 from harness.lm import TableLM
-from harness.strategies import speculative_cases
+from harness.strategies.speculative import speculative_cases
 from harness.tolerance import FLOAT64_IDENTITY
 from impls.speculative.standard import speculative
 

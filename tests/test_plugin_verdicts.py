@@ -1,7 +1,7 @@
 """A plugin that raises, hangs, crashes its process, returns NaN, zeros or the wrong shape, or mutates its
 inputs gets a verdict that says which, with a line to reproduce it, and the run goes on to the next.
 
-Runs `python -m harness check` as a user would, on properties/misbehaving_plugins.py: eight attention
+Runs `python -m harness check` as a user would, on tests/misbehaving_plugins.py: eight attention
 plugins in one run, then one plugin for each other technique."""
 
 import json

@@ -12,7 +12,7 @@ import torch
 
 from harness.contracts.quantized_linear import check_inputs
 from harness.registry import register
-from impls.quantization.w8a8 import w8a8_linear
+from impls.quantized_linear.w8a8 import w8a8_linear
 
 THRESHOLD = 6.0
 

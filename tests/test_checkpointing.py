@@ -1,4 +1,4 @@
-"""Properties of activation checkpointing on the toy stack h_{t+1} = tanh(h_t W_t) (impls/checkpointing/).
+"""Properties of activation checkpointing on the toy stack h_{t+1} = tanh(h_t W_t) (harness/checkpointing.py).
 
 Checkpointing trades compute for memory and must change nothing else: gradients bit-identical to
 storing every activation, and a stored-activation count (counted by the code's ActivationStore) of
@@ -11,9 +11,9 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harness.strategies import TanhStackCase, tanh_stack_cases
+from harness.checkpointing import checkpointed_grads, layer, stored_grads
+from harness.strategies.checkpointing import TanhStackCase, tanh_stack_cases
 from harness.tolerance import FLOAT64_IDENTITY
-from impls.checkpointing.tanh_stack import checkpointed_grads, layer, stored_grads
 
 
 def peak_stored(L: int, k: int) -> int:

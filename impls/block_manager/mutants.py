@@ -8,7 +8,7 @@ cached-token count that outlives the eviction of the blocks it counted.
 
 from harness.contracts.block_manager import OutOfBlocks, check_tokens
 from harness.registry import register
-from impls.paging.simple import Seq, SimpleBlockManager
+from impls.block_manager.simple import Seq, SimpleBlockManager
 
 
 class NoCopyOnWrite(SimpleBlockManager):

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from harness.enumeration import ReplayRng, exact_distribution, explore, first_round, max_difference
 from harness.lm import Counted, TableLM, Tempered, TorchRng
-from harness.references import autoregressive_distribution
-from harness.strategies import speculative_cases
+from harness.references.speculative import autoregressive_distribution
+from harness.strategies.speculative import speculative_cases
 from harness.tolerance import FLOAT64_IDENTITY
 from impls.speculative.batched import speculative_batched
 from impls.speculative.standard import speculative
@@ -143,7 +143,7 @@ def test_torch_rng_draws_follow_the_probabilities(seed, V, zeros):
     """TorchRng's one-row draws (inversion in numpy) pass a chi-square test against the probabilities at
     the statistical tier's power, and never draw a token of probability 0."""
     from harness.statistical import goodness_of_fit, sample_size
-    from harness.strategies import probability_table
+    from harness.strategies.speculative import probability_table
 
     p = probability_table(V, 0, zeros, torch.Generator().manual_seed(seed))  # (V,), with zeros
     exact = {i: float(x) for i, x in enumerate(p) if x > 0}

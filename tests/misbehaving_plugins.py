@@ -1,6 +1,6 @@
 """Plugins that break their contract in the ways the guard must report, one per function: for attention one
 of each kind and one that keeps the contract, then one for every other technique (each a real bug's shape).
-properties/test_plugin_verdicts.py checks that each gets its own verdict and the run goes on."""
+tests/test_plugin_verdicts.py checks that each gets its own verdict and the run goes on."""
 
 import os
 import time
@@ -10,11 +10,11 @@ import torch
 from harness.plugins import declare
 from impls.attention.naive import naive_attention
 from impls.attention_backward.naive import naive_attention_backward
+from impls.block_manager.simple import SimpleBlockManager
 from impls.kvcache.concat import ConcatDecoder
 from impls.paged_attention.gather import gather_then_attend
-from impls.paging.simple import SimpleBlockManager
 from impls.quantization.absmax import absmax
-from impls.quantization.w8a8 import w8a8_linear
+from impls.quantized_linear.w8a8 import w8a8_linear
 from impls.speculative.standard import speculative
 
 

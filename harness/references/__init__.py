@@ -1,0 +1,2 @@
+"""Float64 oracles, one module per technique (mirroring harness/contracts/). Properties compare against these.
+"""

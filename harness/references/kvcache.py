@@ -1,0 +1,38 @@
+"""Full forward passes of a harness GPT (no cache), in float64 and in the model's own dtype."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.references.attention import PLAIN_ORDERS, attention64, attention_plain
+
+
+def gpt_logits64(model, seq: torch.Tensor, kv_bits: int | None = None) -> torch.Tensor:
+    """Logits (T, V) of one sequence, weights (as stored) promoted to float64, attention from the definition.
+    ``kv_bits``: round-trip every key/value vector through symmetric absmax integers of that many bits
+    first (what a quantized cache stores), so the result is the exact forward of a quantized cache."""
+    import copy
+
+    model64 = copy.deepcopy(model).double()
+
+    def attend(layer, q, k, v):
+        if kv_bits is not None:
+            k, v = _absmax_roundtrip(k, kv_bits), _absmax_roundtrip(v, kv_bits)
+        return attention64(q, k, v, causal=True)
+
+    with torch.no_grad():
+        return model64.forward_with(seq[None], None, attend)[0]
+
+
+def gpt_logits_plain(model, seq: torch.Tensor) -> list[torch.Tensor]:
+    """The full forward in the model's own dtype, with attention in each of attention_plain's orders."""
+    with torch.no_grad():
+        return [model.forward_with(seq[None], None,
+                                   lambda layer, q, k, v, i=i: attention_plain(q, k, v, causal=True)[i])[0]
+                for i in range(PLAIN_ORDERS)]
+
+
+def _absmax_roundtrip(x: torch.Tensor, bits: int) -> torch.Tensor:
+    top = 2 ** (bits - 1) - 1
+    scale = x.abs().amax(dim=-1, keepdim=True) / top  # one scale per vector
+    return torch.where(scale > 0, torch.round(x / torch.where(scale > 0, scale, 1)).clamp(-top, top) * scale, 0)

@@ -1,0 +1,31 @@
+"""Float64 oracles of quantizers: symmetric absmax and zero-point."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.contracts.quantization import Quantized, qmax, scale_shape
+
+
+def quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> Quantized:
+    """Symmetric absmax from the definition, in float64: s = max|w| / (2^(b-1) - 1), q = round(w / s)."""
+    w = w.double()
+    rows, cols = w.shape
+    blocks = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
+    s = blocks.abs().amax(dim=-1) / qmax(bits)  # (R, G)
+    q = torch.where(s[..., None] > 0, blocks / s[..., None], 0.0).round()
+    return Quantized(q.reshape(rows, cols).to(torch.int64), s)
+
+
+def zero_point_quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> Quantized:
+    """Asymmetric quantization from the contract's definition, in float64: s = (max(w, 0) - min(w, 0)) /
+    (2^b - 1) and z = round(-min(w, 0) / s) per group (z = 0 where s = 0), codes clamp(round(w / s) + z)."""
+    w = w.double()
+    rows, cols = w.shape
+    blocks = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
+    lo, hi = blocks.amin(dim=-1).clamp(max=0), blocks.amax(dim=-1).clamp(min=0)  # (R, G)
+    s = (hi - lo) / (2**bits - 1)
+    safe = torch.where(s > 0, s, 1.0)
+    z = torch.round(-lo / safe)  # (R, G)
+    q = (torch.round(blocks / safe[..., None]) + z[..., None]).clamp(0, 2**bits - 1)  # (R, G, elements per scale)
+    return Quantized(q.reshape(rows, cols).to(torch.int64), s, z.to(torch.int64))

@@ -1,0 +1,87 @@
+"""Block-manager programs (contract: harness/contracts/block_manager.py): pools, prompts sharing prefixes, evictions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+TOKEN_ALPHABET = 3  # few distinct tokens, so equal blocks under different prefixes come up often
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    block_size: int
+    num_blocks: int
+    num_cpu_blocks: int
+
+
+def pool_geometries() -> st.SearchStrategy[PoolGeometry]:
+    """Pools of 2-12 blocks (a prompt takes at most 5), so that sequences fit, share blocks, run out, evict and
+    reuse evicted blocks; one pool in eight has 0 or 1 block, where nearly every request runs out."""
+    num_blocks = st.sampled_from([False] * 7 + [True]).flatmap(
+        lambda tiny: st.integers(0, 1) if tiny else st.integers(2, 12))
+    return st.builds(PoolGeometry, st.sampled_from([1, 2, 3, 4]), num_blocks, st.integers(0, 6))
+
+
+def token_lists(block_size: int, min_size: int = 1) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=min_size, max_size=4 * block_size + 1)
+
+
+@st.composite
+def prompts(draw: st.DrawFn, history: list[list[int]], block_size: int) -> list[int]:
+    """A prompt: fresh; a prefix of one of ``history`` (earlier prompts, live sequences' tokens after appends and
+    forks) cut mostly at a block boundary, plus new tokens; or one of ``history`` with one token of its first
+    block changed -- equal later blocks under another prefix."""
+    kind = draw(st.sampled_from(["fresh", "shared_prefix", "other_prefix"] if history else ["fresh"]))
+    if kind == "fresh":
+        return draw(token_lists(block_size))
+    base = draw(st.sampled_from(list(history)))
+    if kind == "shared_prefix":
+        cut = draw(st.one_of(st.sampled_from(range(0, len(base) + 1, block_size)), st.integers(0, len(base))))
+        return base[:cut] + draw(token_lists(block_size, min_size=0 if cut else 1))
+    j = draw(st.integers(0, min(block_size, len(base)) - 1))
+    return [*base[:j], (base[j] + 1) % TOKEN_ALPHABET, *base[j + 1:]]
+
+
+@st.composite
+def appended_tokens(draw: st.DrawFn, current: list[int], sources: list[list[int]], block_size: int,
+                    min_size: int = 1) -> list[int]:
+    """Up to two blocks' worth of tokens to append to a sequence holding ``current``: random, or, where one of
+    ``sources`` extends ``current``, its next tokens -- a decode that reproduces another request's tokens, so the
+    blocks it fills duplicate cached ones (the cache keeps one of them) and hash chains run through them."""
+    n = len(current)
+    ahead = sorted({tuple(s[n:]) for s in sources if len(s) > n and s[:n] == current})
+    if ahead and draw(st.booleans()):
+        return list(draw(st.sampled_from(ahead)))[:draw(st.integers(max(min_size, 1), 2 * block_size))]
+    return draw(st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=min_size, max_size=2 * block_size))
+
+
+@dataclass(frozen=True)
+class EvictionProgram:
+    """Steps on one-block prompts, prompt p = [p] * block_size (distinct p: distinct blocks):
+    ("use", p) allocate and free at once; ("hold", p) allocate and keep; ("free", i) free the i-th held sequence
+    (in allocation order); ("lookup", p).  At most num_blocks - 1 sequences are held, so every allocate fits."""
+    num_blocks: int
+    block_size: int
+    steps: tuple[tuple[str, int], ...]
+
+    @property
+    def num_prompts(self) -> int:
+        return self.num_blocks + 3  # a few more prompts than blocks: something is evicted
+
+
+@st.composite
+def eviction_programs(draw: st.DrawFn) -> EvictionProgram:
+    num_blocks, block_size = draw(st.integers(2, 4)), draw(st.integers(1, 3))
+    prompt_ids = st.integers(0, num_blocks + 2)  # EvictionProgram.num_prompts of them
+    steps, held = [], 0
+    for _ in range(draw(st.integers(1, 24))):
+        kinds = ["use", "lookup"] + (["hold"] if held < num_blocks - 1 else []) + (["free"] if held else [])
+        kind = draw(st.sampled_from(kinds))
+        if kind == "free":
+            steps.append((kind, draw(st.integers(0, held - 1))))
+        else:
+            steps.append((kind, draw(prompt_ids)))
+        held += {"hold": 1, "free": -1}.get(kind, 0)
+    return EvictionProgram(num_blocks, block_size, tuple(steps))

@@ -1,0 +1,132 @@
+"""Paged-attention cases (contract: harness/contracts/paged_attention.py): block tables, pools and strided views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
+from harness.tolerance import dtype_of
+
+
+@dataclass(frozen=True)
+class PagedAttentionCase:
+    B: int
+    H: int
+    Hkv: int
+    Nq: int
+    seq_lens: tuple[int, ...]
+    d: int
+    block_size: int
+    spare_blocks: int  # pool blocks no sequence uses (NaN throughout; padding table entries may point there)
+    causal: bool
+    scale: float | None
+    dtype: str
+    seed: int
+    device: str = "cpu"
+    index_dtype: str = "int64"  # of block_tables and seq_lens: the contract allows int32 too
+    magnitude: float = 1.0  # multiplies q: large values give logits of 1e3-1e4
+    table_slack: int = 1  # table columns past the longest sequence's blocks; 0: it fills its table
+    shared_blocks: int = 0  # leading blocks every sequence shares (a common prompt prefix stored once)
+    strided: bool = False  # q, caches and tables are views into larger tensors, as a serving engine passes them
+    offset: float = 0.0  # subtracted from every logit through one extra head dim (q: -offset/scale, k: 1, v: 0)
+
+    def shared(self) -> int:
+        """How many leading blocks are shared: no more than the longest sequence has."""
+        return min(self.shared_blocks, max(-(-n // self.block_size) for n in self.seq_lens))
+
+    def contiguous(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """q (B, H, Nq, d) and, per sequence, its contiguous k, v of shape (1, Hkv, seq_len, d): the first
+        shared() * block_size keys of every sequence are one common prefix (d + 1 dims with an offset)."""
+        g = generator(self.seed)
+        q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64) * self.magnitude
+        prefix = torch.randn(2, 1, self.Hkv, self.shared() * self.block_size, self.d, generator=g, dtype=torch.float64)
+        kv = [tuple(torch.cat([p[:, :, :n], torch.randn(1, self.Hkv, max(0, n - p.shape[2]), self.d, generator=g,
+                                                         dtype=torch.float64)], dim=2) for p in prefix)
+              for n in self.seq_lens]  # (1, Hkv, n, d) each
+        if self.offset:  # q.k gains -offset / scale, so every logit moves by -offset; the output does not move
+            scale = self.scale if self.scale is not None else (self.d + 1) ** -0.5
+            q = torch.cat([q, torch.full((*q.shape[:-1], 1), -self.offset / scale, dtype=q.dtype)], dim=-1)
+            kv = [(torch.cat([k, torch.ones_like(k[..., :1])], -1), torch.cat([v, torch.zeros_like(v[..., :1])], -1))
+                  for k, v in kv]  # (1, Hkv, n, d + 1)
+        cast = lambda t: t.to(dtype_of(self.dtype)).to(self.device)
+        return cast(q), [(cast(k), cast(v)) for k, v in kv]
+
+    def paged(self) -> tuple[torch.Tensor, ...]:
+        """q, k_cache, v_cache (num_blocks, Hkv, block_size, d) with every unused slot NaN and the physical
+        blocks in a shuffled order, block_tables (B, max_blocks) padded with arbitrary block ids, seq_lens (B,).
+        The shared blocks are stored once and hold the whole prefix: a sequence that ends inside them finds
+        finite keys of the others past its end."""
+        q, kv = self.contiguous()
+        bs, d, shared = self.block_size, q.shape[-1], self.shared()
+        per_seq = [-(-n // bs) for n in self.seq_lens]
+        own = [max(0, blocks - shared) for blocks in per_seq]
+        num_blocks = shared + sum(own) + self.spare_blocks
+        g = generator(self.seed ^ 0xB10C)
+        physical = torch.randperm(num_blocks, generator=g).tolist()
+        k_cache = torch.full((num_blocks, self.Hkv, bs, d), float("nan"), dtype=q.dtype, device=q.device)
+        v_cache = k_cache.clone()
+        max_blocks = max(per_seq) + self.table_slack  # padding entries must never be read
+        tables = torch.randint(0, num_blocks, (self.B, max_blocks), generator=g)
+        common, physical = physical[:shared], physical[shared:]
+        longest = max(range(self.B), key=lambda b: self.seq_lens[b])  # its keys fill the shared blocks
+        for b, (k, v) in enumerate(kv):
+            ids = torch.tensor(common[:per_seq[b]] + physical[:own[b]])
+            del physical[:own[b]]
+            tables[b, :per_seq[b]] = ids
+            for cache, t in ((k_cache, k), (v_cache, v)):
+                padded = torch.full((self.Hkv, per_seq[b] * bs, d), float("nan"), dtype=q.dtype, device=q.device)
+                padded[:, :self.seq_lens[b]] = t[0]  # (Hkv, blocks * bs, d), the tail of the last block NaN
+                blocks = padded.reshape(self.Hkv, per_seq[b], bs, d).transpose(0, 1)  # (blocks, Hkv, bs, d)
+                written = slice(0 if b == longest else min(shared, per_seq[b]), per_seq[b])  # shared: once
+                cache[ids[written].to(q.device)] = blocks[written]
+        index = getattr(torch, self.index_dtype)
+        tables, seq_lens = tables.to(self.device, index), torch.tensor(self.seq_lens, dtype=index, device=self.device)
+        return (*self.views(q, k_cache, v_cache, tables), seq_lens) if self.strided else \
+            (q, k_cache, v_cache, tables, seq_lens)
+
+    def views(self, q, k_cache, v_cache, tables) -> tuple[torch.Tensor, ...]:
+        """The same values as views a serving engine passes: q sliced from a (B, Nq, H, d) projection, the
+        caches the two halves of one (num_blocks, 2, Hkv, bs, d) pool, the tables the first columns of wider
+        persistent ones."""
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, Nq, d) view of (B, Nq, H, d) memory
+        pool = torch.stack([k_cache, v_cache], dim=1)  # (num_blocks, 2, Hkv, bs, d)
+        wide = torch.cat([tables, tables.flip(-1)], dim=-1)  # (B, 2 * max_blocks): valid ids past the view
+        return q, pool[:, 0], pool[:, 1], wide[:, :tables.shape[1]]
+
+
+@st.composite
+def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
+                          max_len: int = 200, decode: bool | None = None,
+                          magnitude: st.SearchStrategy[float] | None = None, wide: bool = True,
+                          offset: st.SearchStrategy[float] | None = None) -> PagedAttentionCase:
+    """``wide``: real head groupings (head_counts), head dims 96-256 and blocks of 128 and 256 tokens as
+    well (off for properties whose reference grows with H * Nq * Nk * d).  ``offset``: logits far below 0,
+    with a nonzero scale (the offset is put in through it)."""
+    H, Hkv = draw(head_counts(real_groups=wide))
+    B = draw(st.integers(1, 3))
+    seq_lens = tuple(draw(st.lists(lengths(max_len), min_size=B, max_size=B)))
+    shortest = min(seq_lens)
+    nq = st.just(1) if decode else st.one_of(st.just(1), st.integers(1, shortest), st.just(shortest))
+    head_dims, block_sizes = [1, 8, 16, 64] + [96, 128, 256] * wide, [1, 2, 3, 8, 16, 32] + [128, 256] * wide
+    return PagedAttentionCase(
+        B=B, H=H, Hkv=Hkv, Nq=draw(nq if decode is not False else st.integers(1, shortest)), seq_lens=seq_lens,
+        d=draw(st.one_of(st.sampled_from(head_dims), st.integers(1, 80))),
+        block_size=draw(st.one_of(st.sampled_from(block_sizes), st.integers(1, 64))),
+        spare_blocks=draw(st.integers(0, 3)), causal=draw(st.booleans()),
+        scale=draw(scales if offset is None else nonzero_scales), dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(seeds), device=draw(st.sampled_from(devices)), index_dtype=draw(st.sampled_from(["int64", "int32"])),
+        magnitude=draw(magnitude) if magnitude is not None else 1.0,
+        table_slack=draw(st.integers(0, 2)), shared_blocks=draw(st.one_of(st.just(0), st.integers(1, 3))),
+        strided=draw(st.booleans()), offset=draw(offset) if offset is not None else 0.0,
+    )
+
+
+@st.composite
+def paged_attention_blind_row_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",),
+                                    devices: tuple[str, ...] = ("cpu",)) -> PagedAttentionCase:
+    """Causal chunks of Nq queries longer than the shortest sequence: its first Nq - seq_len rows see no key."""
+    case = draw(paged_attention_cases(dtypes=dtypes, devices=devices, max_len=60, decode=False))
+    return PagedAttentionCase(**{**vars(case), "Nq": min(case.seq_lens) + draw(st.integers(1, 8)), "causal": True})

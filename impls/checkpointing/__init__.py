@@ -1,1 +1,0 @@
-"""Activation checkpointing (gradient checkpointing) on a toy layer stack."""

@@ -1,0 +1,1 @@
+"""Quantized linear layers (contract: harness/contracts/quantized_linear.py)."""
