@@ -23,7 +23,7 @@ NLL_DOCS = 50
 
 
 class QuantizerError:
-    """max|w - dq(q(w))| / max|w| on a seeded (512, 256) Gaussian matrix of the seeds' std 0.067."""
+    """max|w - dq(q(w))| / max|w| on a seeded (512, 256) Gaussian matrix of the trained target's weight std 0.067."""
 
     params = [QUANTIZERS, list(GRANULARITY), BITS]
     param_names = ["impl", "granularity", "bits"]
@@ -56,7 +56,7 @@ class QuantizerError:
         from harness.contracts.quantization import bits_per_weight
 
         gran, g = GRANULARITY[granularity]
-        return bits_per_weight(bits, 256, gran, g, 512, zero_point=not self.impl.cap("symmetric", True))
+        return bits_per_weight(bits, 256, gran, g, 512, zero_point=not self.impl.caps.symmetric)
 
     track_bits_per_weight.unit = "bits/weight"
 

@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.contracts.paged_attention import call
-from harness.devices import available, unavailable_reason
-from harness.runner import applies, needs_cap
+from harness.devices import available
+from harness.runner import needs_cap
 from harness.strategies.paged_attention import paged_attention_cases
 from impls.paged_attention import compiled
 
@@ -33,7 +33,6 @@ def moved(k_cache, v_cache, tables, seed):
     return k2, v2, perm[tables]  # (B, max_blocks)
 
 
-@applies(unavailable_reason)
 @needs_cap("compiled", "a kernel whose loop order is fixed by logical key order")
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_bits_do_not_depend_on_placement_or_threads(impl, data, seed):
@@ -49,7 +48,6 @@ def test_bits_do_not_depend_on_placement_or_threads(impl, data, seed):
     assert torch.equal(out, again), f"{impl.name}: moving blocks / changing the thread count changed the output"
 
 
-@applies(unavailable_reason)
 @needs_cap("compiled", "converts its inputs for the C signature")
 @given(data=st.data())
 def test_strided_inputs_and_int32_tables(impl, data):

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.contracts.quantization import call, code_range, dequantize, qmax, scale_shape, step_per_element
-from harness.devices import available, unavailable_reason
+from harness.devices import available
 from harness.guard import assert_rejected
 from harness.references.quantization import quantize64, zero_point_quantize64
 from harness.runner import applies
@@ -24,11 +24,11 @@ TECHNIQUE = "quantization"
 
 
 def symmetric(impl) -> str | None:
-    return None if impl.cap("symmetric", True) else f"{impl.name} is asymmetric (zero point): no absmax round trip"
+    return None if impl.caps.symmetric else f"{impl.name} is asymmetric (zero point): no absmax round trip"
 
 
 def asymmetric(impl) -> str | None:
-    return None if not impl.cap("symmetric", True) else f"{impl.name} is symmetric (absmax_round_trips checks it)"
+    return None if not impl.caps.symmetric else f"{impl.name} is symmetric (absmax_round_trips checks it)"
 
 
 def scale_rtol(dtype: torch.dtype) -> float:
@@ -51,7 +51,6 @@ def slack(w: torch.Tensor, w_hat: torch.Tensor) -> torch.Tensor:
     return TOLERANCES[("quantize", w.dtype)].floor * (w.double().abs() + w_hat.double().abs())
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_error_within_half_step(impl, data):
     """Every element: |w - dq(q(w))| <= s/2 for its own step s, at every granularity and bit width."""
@@ -69,10 +68,9 @@ def assert_within_half_step(impl, w, qt):
                                  f"{bound[bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
 
 
-@applies(unavailable_reason)
 @applies(symmetric)
-def test_seed_example_4bit(impl):
-    """The seeds' exercise 6: 4 bits per tensor, max|w| = 0.323, so the step is 0.323 / 7 and each code is
+def test_worked_example_4bit(impl):
+    """A worked exercise: 4 bits per tensor, max|w| = 0.323, so the step is 0.323 / 7 and each code is
     w / step rounded: 0.323 -> 7, -0.2 -> -4.33 -> -4, 0.1 -> 2.17 -> 2, -0.05 -> -1.08 -> -1, 0.03 -> 0.65 -> 1."""
     dtype = dtype_of("float32" if "float32" in impl.dtypes else impl.dtypes[0])
     w = torch.tensor([[0.323, -0.2, 0.1, -0.05, 0.03]], dtype=dtype)
@@ -81,13 +79,12 @@ def test_seed_example_4bit(impl):
     assert qt.codes.tolist() == [[7, -4, 2, -1, 1]], f"{impl.name}: codes {qt.codes.tolist()}"
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_codes_in_range(impl, data):
     """Symmetric codes lie in [-(2^(b-1) - 1), 2^(b-1) - 1]; asymmetric codes and zero points in [0, 2^b - 1]."""
     case = draw_case(data, impl)
     qt = quantize_case(impl, case)
-    lo, hi = code_range(case.bits, impl.cap("symmetric", True))
+    lo, hi = code_range(case.bits, impl.caps.symmetric)
     codes = qt.codes.to(torch.int64)
     assert int(codes.min()) >= lo and int(codes.max()) <= hi, (
         f"{impl.name}: {case.bits}-bit codes span [{int(codes.min())}, {int(codes.max())}], outside [{lo}, {hi}]")
@@ -96,7 +93,6 @@ def test_codes_in_range(impl, data):
         assert int(zero.min()) >= lo and int(zero.max()) <= hi, f"{impl.name}: zero points outside [{lo}, {hi}]"
 
 
-@applies(unavailable_reason)
 @applies(symmetric)
 @given(data=st.data())
 def test_absmax_round_trips(impl, data):
@@ -120,7 +116,6 @@ def test_absmax_round_trips(impl, data):
     assert bool((err <= slack(w, w_hat)[at_peak]).all()), f"{impl.name}: absmax element off by {err.max().item():.3g}"
 
 
-@applies(unavailable_reason)
 @applies(asymmetric)
 @given(data=st.data())
 def test_zero_point_scales_match_reference(impl, data):
@@ -155,7 +150,6 @@ def assert_scales_match(impl, qt, truth, rtol: float, formula: str) -> None:
         f"{used.nonzero()[int(scale_err.argmax())].tolist()}")
 
 
-@applies(unavailable_reason)
 @given(data=st.data(), extreme=st.sampled_from(["huge", "tiny"]))
 def test_extreme_magnitudes(impl, data, extreme):
     """Weights whose largest element is 0.9x the dtype's largest finite value, or so small that their
@@ -170,13 +164,12 @@ def test_extreme_magnitudes(impl, data, extreme):
     target = 0.9 * info.max if extreme == "huge" else info.tiny**0.5 / 10
     w = (w64 / w64.abs().max() * target).to(dtype)  # (rows, cols): the largest |w| is the target
     qt = quantize_case(impl, case, w)
-    reference = quantize64 if impl.cap("symmetric", True) else zero_point_quantize64
+    reference = quantize64 if impl.caps.symmetric else zero_point_quantize64
     truth = reference(w, case.bits, case.granularity, case.group_size)
     assert_scales_match(impl, qt, truth, scale_rtol(w.dtype), f"the reference's at |w| up to {target:.3g}")
     assert_within_half_step(impl, w, qt)
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_requantize_is_identity(impl, data):
     """q(dq(q(w))) = q(w): the dequantized tensor is already on the grid, with the same scales."""
@@ -189,7 +182,6 @@ def test_requantize_is_identity(impl, data):
     assert rel <= scale_rtol(qt.scale.dtype), f"{impl.name}: requantizing changed scales by {rel:.3g}"
 
 
-@applies(unavailable_reason)
 @given(data=st.data(), power=st.integers(-8, 8), factor=st.floats(1e-3, 1e3))
 def test_positive_rescaling(impl, data, power, factor):
     """q(c w) has the same codes and c times the scales: exactly for c = 2^k (any dtype), and for any
@@ -206,7 +198,6 @@ def test_positive_rescaling(impl, data, power, factor):
         f"{impl.name}: scales of c*w differ from c * scales by {err:.3g} (c = {c:g})")
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_granularity_bounds_nest(impl, data):
     """For every element: step(group) <= step(channel) <= step(tensor), so the error bound only tightens."""
@@ -222,7 +213,6 @@ def test_granularity_bounds_nest(impl, data):
                                      f"{coarse} step {steps[coarse][bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_all_zero_groups_give_zeros(impl, data):
     """All-zero tensors, rows and groups give codes that dequantize to exactly 0, finite scales, no NaN."""
@@ -245,7 +235,6 @@ BAD_INPUTS = {  # name -> (w, kwargs, argument the message must name)
 }
 
 
-@applies(unavailable_reason)
 def test_rejects_bad_input(impl):
     """Bits outside 2..8, a group size that does not divide the columns, NaN weights: a ValueError naming it."""
     dtype = dtype_of("float32" if "float32" in impl.dtypes else impl.dtypes[0])
@@ -254,7 +243,7 @@ def test_rejects_bad_input(impl):
 
 
 # ---------------------------------------------------------------------------------------------
-# the seeds' outlier injection (harness/quant_experiments.py)
+# outlier injection (harness/quant_experiments.py)
 @pytest.mark.parametrize(("seed", "channel", "factor"), [(0, 0, 10.0), (1, 17, 100.0), (2, 31, 1000.0)])
 def test_outlier_injection_preserves_the_function(seed, channel, factor):
     """Scaling a LayerNorm channel by c and the next Linear's input column by 1/c leaves the logits
@@ -282,7 +271,8 @@ def test_outlier_injection_preserves_the_function(seed, channel, factor):
 
 
 def test_outlier_injection_keeps_the_target_nll():
-    """The seeds' check on the trained target: LayerNorm channel x100, FFN column / 100, same NLL."""
+    """SmoothQuant's equivalence (Xiao et al. 2023, Sec. 3) on the trained target: LayerNorm channel x100, FFN
+    column / 100, same NLL."""
     from harness.models.zoo import WEIGHTS, load, nll_per_token, test_corpus
     from harness.quant_experiments import inject_outlier
 

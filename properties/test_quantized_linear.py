@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.contracts.quantized_linear import Scheme, call
-from harness.devices import available, unavailable_reason
+from harness.devices import available
 from harness.guard import assert_rejected
 from harness.references.quantized_linear import (
     quantized_linear64,
@@ -33,7 +33,7 @@ TECHNIQUE = "quantized_linear"
 def draw_case(data, impl, dtypes=None, **kw) -> LinearCase:
     dtypes = tuple(d for d in impl.dtypes if d in (dtypes or ("float64", "float32"))) or impl.dtypes[:1]
     return data.draw(linear_cases(dtypes=dtypes, devices=available(impl.devices),
-                                  multiple_of=impl.cap("group_size") or 1, **kw), label="case")
+                                  multiple_of=impl.caps.group_size or 1, **kw), label="case")
 
 
 def assert_matches_scheme(impl, case: LinearCase, what: str) -> torch.Tensor:
@@ -46,7 +46,6 @@ def assert_matches_scheme(impl, case: LinearCase, what: str) -> torch.Tensor:
     return out
 
 
-@applies(unavailable_reason)
 @needs_dtype("float64")
 @given(data=st.data())
 def test_matches_scheme_reference(impl, data):
@@ -57,7 +56,6 @@ def test_matches_scheme_reference(impl, data):
     assert_matches_scheme(impl, case, f"on x of shape {(*case.lead, case.d_in)} vs its scheme's float64 reference")
 
 
-@applies(unavailable_reason)
 @applies(lambda impl: None if set(impl.dtypes) - {"float64"} else
          f"{impl.name} declares float64 only (matches_scheme_reference checks it)")
 @given(data=st.data())
@@ -81,7 +79,6 @@ def test_matches_scheme_in_low_precision(impl, data):
         f"rounding allowance {bound[bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_error_within_derived_bound(impl, data):
     """|y - x @ w.T| <= sum_k |x_k| dw_k + dx_k |w_k| + dx_k dw_k, with d = step / 2 of the scheme's own
@@ -99,7 +96,6 @@ def test_error_within_derived_bound(impl, data):
                                  f"{bound[bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
 
 
-@applies(unavailable_reason)
 @needs_cap("outlier_threshold", "only LLM.int8()-style decompositions keep outlier columns in floating point")
 @needs_dtype("float64")
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
@@ -119,7 +115,6 @@ def test_outlier_columns_exact(impl, data, seed):
     assert err <= bound, f"{impl.name}: outlier columns are not computed exactly: off by {err:.3g} > {bound:.3g}"
 
 
-@applies(unavailable_reason)
 @needs_cap("act", "weight-only layers compute no statistics of the activations that could go stale")
 @needs_dtype("float64")
 @given(data=st.data())
@@ -127,12 +122,11 @@ def test_outliers_follow_each_batch(impl, data):
     """Two batches whose outlier columns differ: each result is its own batch's scheme reference (no state,
     such as outlier columns or scales, carries over from one call to the next)."""
     first, second = data.draw(outlier_batch_pairs(dtypes=("float64",), devices=available(impl.devices),
-                                                  multiple_of=impl.cap("group_size") or 1), label="batches")
+                                                  multiple_of=impl.caps.group_size or 1), label="batches")
     assert_matches_scheme(impl, first, "on the first batch")
     assert_matches_scheme(impl, second, f"on a second batch (outliers {second.outliers}, first {first.outliers})")
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_all_zero_tokens_give_zeros(impl, data):
     """All-zero tokens (padding) give exactly zero outputs, never NaN (`call` rejects non-finite outputs)."""
@@ -153,7 +147,6 @@ BAD_INPUTS = {  # name -> (x, w, bits, argument the message must name)
 }
 
 
-@applies(unavailable_reason)
 def test_rejects_bad_input(impl):
     """Bad bits, NaN weights or activations, mismatched shapes: a ValueError/TypeError naming the argument."""
     for name, (make_x, make_w, bits, arg) in sorted(BAD_INPUTS.items()):

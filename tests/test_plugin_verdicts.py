@@ -45,7 +45,7 @@ def check(technique: str, plugins: list[str], prop: str, tmp_path: Path) -> dict
                           capture_output=True, text=True, timeout=600, cwd=PLUGINS.parent.parent,
                           env={**os.environ, "HARNESS_PER_IMPL_LIMIT_S": "300"})
     assert proc.returncode == 1, f"exit {proc.returncode} (expected 1: plugins failed)\n{proc.stderr[-2000:]}"
-    return {v["impl"]: v for v in json.loads(out.read_text())}
+    return {v["impl"]: v for v in json.loads(out.read_text())["verdicts"]}
 
 
 def assert_verdict(v: dict, status: str, says: str, technique: str, prop: str) -> None:

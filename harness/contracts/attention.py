@@ -14,20 +14,42 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
 from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class AttentionCaps(Caps):
+    returns_lse: bool = cap(False, "accepts return_lse=True and then returns (o, L), L the natural-log logsumexp "
+                                   "of the scaled, masked scores (what the backward recomputes P from)")
+    max_len: int | None = cap(None, "the longest Nq / Nk it affords (an interpreted kernel): properties draw up to "
+                                    "it, and the long-sequence properties skip")
+    tiled: bool = cap(False, "a tiled kernel that never materializes an (Nq, Nk) matrix (benchmarked as one)")
+    Br: int | None = cap(None, "query rows per tile (tiled kernels)")
+    Bc: int | None = cap(None, "keys per tile (tiled kernels)")
+    io: Literal["fa1", "fa2"] | None = cap(None, "the loop order whose HBM traffic harness/iomodel.py models")
+    split: int | None = cap(None, "keys per split-K partition (Flash-Decoding)")
+    oracle: bool = cap(False, "the float64 definition itself, the reference every property compares with")
+    nan_caveat: str | None = cap(None, "a documented way NaN inputs fail to propagate (the NaN property then skips, "
+                                       "quoting it)")
+    triton: bool = cap(False, "a Triton kernel (also checked by the Triton output-and-L property)")
+
 
 ATTENTION = define(
     Technique(
         name="attention",
         signature="attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> Tensor",
         summary="exact softmax(q k^T * scale) v with GQA and bottom-right causal alignment",
-        properties="properties.test_attention",
+        properties=("properties.test_attention", "properties.test_triton_attention"),
         reference="reference",
+        caps=AttentionCaps,
     )
 )
 
@@ -89,6 +111,6 @@ def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)
 
 
-def declared_max_len(impl):
+def declared_max_len(impl: Impl) -> str | None:
     """The skip reason of the long-sequence properties for a kernel that declares a largest length."""
-    return impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: the other properties draw up to it"
+    return f"declares max_len={impl.caps.max_len}: the other properties draw up to it" if impl.caps.max_len else None

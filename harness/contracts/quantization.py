@@ -23,13 +23,20 @@ absmax round trip does not apply to it, the other properties do.  An all-zero gr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
 from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class QuantizationCaps(Caps):
+    symmetric: bool = cap(True, "absmax codes in -(2^(b-1)-1)..2^(b-1)-1; False: zero point, codes in 0..2^b-1")
 
 QUANTIZATION = define(
     Technique(
@@ -37,8 +44,9 @@ QUANTIZATION = define(
         signature='quantize(w, *, bits: int, granularity: str = "channel", group_size: int | None = None)'
         " -> Quantized(codes, scale, zero)",
         summary="b-bit (2-8) integer codes and scales per tensor / channel / group; dequantize(qt) inverts",
-        properties="properties.test_quantization",
+        properties=("properties.test_quantization",),
         reference="absmax",
+        caps=QuantizationCaps,
     )
 )
 GRANULARITIES = ("tensor", "channel", "group")

@@ -18,21 +18,35 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
 from harness.contracts.quantization import GRANULARITIES
 from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class QuantizedLinearCaps(Caps):
+    weight: Literal["tensor", "channel", "group"] = cap("channel", "granularity of the weight's absmax scales")
+    group_size: int | None = cap(None, "columns per weight scale when weight='group'")
+    act: Literal["tensor", "token"] | None = cap(None, "absmax scales of the activations, computed at run time; "
+                                                       "None: weight-only")
+    outlier_threshold: float | None = cap(None, "LLM.int8(): input columns with some |x| > threshold stay in "
+                                                "floating point")
+    smooth_alpha: float | None = cap(None, "SmoothQuant's migration strength a: s_j = max|X_j|^a / max|W_j|^(1-a)")
 
 QUANTIZED_LINEAR = define(
     Technique(
         name="quantized_linear",
         signature="quantized_linear(x, w, *, bits: int = 8, calib: Tensor | None = None) -> Tensor",
         summary="x @ w.T with quantized weights (and activations): weight-only, W8A8, LLM.int8(), SmoothQuant",
-        properties="properties.test_quantized_linear",
+        properties=("properties.test_quantized_linear",),
         reference="",
+        caps=QuantizedLinearCaps,
     )
 )
 
@@ -58,8 +72,9 @@ class Scheme:
 
     @classmethod
     def of(cls, impl: Impl) -> Scheme:
-        return cls(**{k: impl.cap(k) for k in ("group_size", "act", "outlier_threshold", "smooth_alpha")},
-                   weight=impl.cap("weight", "channel"))
+        c = impl.caps
+        return cls(weight=c.weight, group_size=c.group_size, act=c.act, outlier_threshold=c.outlier_threshold,
+                   smooth_alpha=c.smooth_alpha)
 
 
 def check_inputs(x: torch.Tensor, w: torch.Tensor, bits: int, calib: torch.Tensor | None = None) -> None:
