@@ -40,6 +40,15 @@ class Caps:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
 
 
+@dataclass(frozen=True)
+class BatchedCaps(Caps):
+    """Capabilities of techniques that compute one output per request of a batch."""
+
+    batch_invariant: bool = cap(False, "each row's output is bit-identical whatever it is batched with (alone, in "
+                                       "any batch size, composition or order)")
+    deterministic: bool = cap(False, "the same inputs give the same bits, call after call and at any thread count")
+
+
 def build(schema: type[Caps], declared: Mapping[str, Any] | Caps, *, who: str) -> Caps:
     """``schema(**declared)`` after checking every key and value; TypeError naming the key otherwise."""
     if isinstance(declared, schema):

@@ -21,7 +21,8 @@ from harness.contracts import load_techniques
 from harness.registry import LOAD_ERRORS, enable_entry_points, impls
 
 SCHEMA = "llm-inference-harness/verdicts"
-MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip"}
+MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip", "upstream": "upstr", "stale": "STALE"}
+FAILING = ("FAIL", "stale")  # statuses that make a check exit 1 (an upstream failure is recorded, not failing)
 
 
 class UsageError(Exception):
@@ -148,7 +149,7 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
     _print_matrix(technique, results, props, out)
     _write_json(json_path, verdicts_document(technique, profile, results, time.perf_counter() - started))
     _report_load_errors()
-    return 1 if any(v.status == "FAIL" and not r.info.get("mutant") for r in results for v in r.verdicts) else 0
+    return 1 if any(v.status in FAILING and not r.info.get("mutant") for r in results for v in r.verdicts) else 0
 
 
 def cmd_mutants(args) -> int:
@@ -322,8 +323,8 @@ def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[
         say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
     verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
-        if v.status == "FAIL":
-            say(f"\nFAIL {v.impl} / {v.property}: {v.message}")
+        if v.status in ("FAIL", "stale", "upstream"):
+            say(f"\n{v.status.upper()} {v.impl} / {v.property}: {v.message}")
             if v.counterexample:
                 say("  " + v.counterexample.replace("\n", "\n  "))
             if v.output:
@@ -332,9 +333,10 @@ def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[
                 say(f"  reproduce: {v.reproduce}")
     for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
         say(f"skip {prop}: {why}")
-    passed = sum(v.status == "pass" for v in verdicts)
-    failed = sum(v.status == "FAIL" for v in verdicts)
-    say(f"\n{passed} passed, {failed} failed, {len(verdicts) - passed - failed} skipped")
+    count = {s: sum(v.status == s for v in verdicts) for s in MARK}
+    say(f"\n{count['pass']} passed, {count['FAIL']} failed, {count['skip']} skipped"
+        + (f", {count['upstream']} known upstream failures" if count["upstream"] else "")
+        + (f", {count['stale']} stale upstream records" if count["stale"] else ""))
 
 
 def _report_load_errors() -> None:

@@ -99,6 +99,29 @@ def make_impl(technique: str, name: str, fn: Callable, **declared: Any) -> Impl:
     return Impl(technique=technique, name=name, fn=fn, **declared)
 
 
+@dataclass(frozen=True)
+class KnownFailure:
+    """A real bug of a third-party library, found by a property and recorded next to its adapter: the matrix
+    shows ``upstream`` for it (not pass, not FAIL), and ``stale`` (a failure) once it stops reproducing."""
+
+    technique: str
+    impl: str
+    property: str
+    library: str  # the distribution, e.g. "torchao"
+    version: str  # the version the failure was recorded with
+    what: str  # what the library does wrong, in a sentence
+    reproduce: str  # a minimal reproduction: a few lines of Python using the library alone
+
+
+KNOWN_FAILURES: dict[tuple[str, str, str], KnownFailure] = {}
+
+
+def known_failure(technique: str, impl: str, prop: str, *, library: str, version: str, what: str,
+                  reproduce: str) -> None:
+    """Record that ``impl`` fails ``prop`` because of a bug of ``library`` (not of the adapter)."""
+    KNOWN_FAILURES[(technique, impl, prop)] = KnownFailure(technique, impl, prop, library, version, what, reproduce)
+
+
 def impls(technique: str, *, mutants: bool | None = False) -> list[Impl]:
     """Implementations of a technique; ``mutants=None`` returns both kinds."""
     load_all()

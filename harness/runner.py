@@ -25,7 +25,7 @@ from harness import isolation
 from harness.contracts import technique as get_technique
 from harness.devices import unavailable_reason
 from harness.guard import hang_message
-from harness.registry import Impl
+from harness.registry import KNOWN_FAILURES, Impl
 
 Predicate = Callable[[Impl], "str | None"]  # returns a skip reason, or None when the property applies
 
@@ -74,7 +74,7 @@ class Property:
 class Verdict:
     impl: str
     property: str
-    status: str  # "pass" | "FAIL" | "skip"
+    status: str  # "pass" | "FAIL" | "skip" | "upstream" (a recorded library bug) | "stale" (its record no longer holds)
     message: str = ""
     counterexample: str = ""
     reproduce: str = ""
@@ -119,16 +119,36 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
         version, _, data = blob.partition(":")
         prop.fn._hypothesis_internal_use_reproduce_failure = (version, data.encode())
     start = time.perf_counter()
+    known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
     try:
         prop.fn(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
-        return Verdict(
+        verdict = Verdict(
             impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
             counterexample=counterexample(exc),
             reproduce=reproduce_command(impl.technique, impl.name, prop.name, profile, plugin, failure_blob(exc)),
             seconds=time.perf_counter() - start, margin=_margin(exc),
         )
+        if known:
+            verdict.status = "upstream"
+            verdict.message = (f"known upstream failure of {known.library} {known.version} "
+                               f"({_installed(known.library)} installed): {known.what}; this run: {verdict.message}")
+            verdict.counterexample = f"{verdict.counterexample}\n\nminimal reproduction:\n{known.reproduce}".strip()
+        return verdict
+    if known:
+        return Verdict(impl.name, prop.name, "stale", seconds=time.perf_counter() - start,
+                       message=f"the recorded upstream failure of {known.library} {known.version} no longer reproduces "
+                               f"with {_installed(known.library)}: {known.what}; update or remove the record")
     return Verdict(impl.name, prop.name, "pass", seconds=time.perf_counter() - start)
+
+
+def _installed(library: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{library} {version(library)}"
+    except PackageNotFoundError:
+        return f"{library} (version unknown)"
 
 
 def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin: str | None,

@@ -138,6 +138,6 @@ def test_declared_capabilities_are_typed_attributes_with_defaults():
 def test_every_capability_has_a_type_a_default_and_a_meaning(technique):
     schema = load_techniques()[technique].caps
     assert issubclass(schema, Caps)
-    for name, kind, default, meaning in schema.table():
+    for name, kind, _default, meaning in schema.table():
         assert kind and meaning, f"{technique}: capability {name} lacks a type or a meaning"
     build(schema, {}, who=technique)  # every default is valid

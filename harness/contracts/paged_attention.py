@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.capabilities import Caps, cap
+from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
 from harness.contracts.attention import check_causal
 from harness.guard import call_limit, check_tensor, guarded_call
@@ -36,7 +36,7 @@ from harness.registry import Impl
 
 
 @dataclass(frozen=True)
-class PagedAttentionCaps(Caps):
+class PagedAttentionCaps(BatchedCaps):
     partition_tokens: int | None = cap(None, "keys per partition of a split-K (vLLM v2) kernel; None: one pass")
     compiled: bool = cap(False, "a compiled C kernel whose loop order is fixed by logical key order")
 

@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from harness.capabilities import Caps, cap
+from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
 from harness.contracts.quantization import GRANULARITIES
 from harness.guard import call_limit, check_tensor, guarded_call
@@ -30,7 +30,7 @@ from harness.registry import Impl
 
 
 @dataclass(frozen=True)
-class QuantizedLinearCaps(Caps):
+class QuantizedLinearCaps(BatchedCaps):
     weight: Literal["tensor", "channel", "group"] = cap("channel", "granularity of the weight's absmax scales")
     group_size: int | None = cap(None, "columns per weight scale when weight='group'")
     act: Literal["tensor", "token"] | None = cap(None, "absmax scales of the activations, computed at run time; "

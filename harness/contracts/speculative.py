@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from harness.capabilities import Caps, cap
+from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
 from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.lm import LM, check_distribution
@@ -42,7 +42,7 @@ from harness.registry import Impl
 
 
 @dataclass(frozen=True)
-class SpeculativeCaps(Caps):
+class SpeculativeCaps(BatchedCaps):
     rng: Literal["harness", "own"] = cap("harness", "'own': draws from torch's RNG itself, so it is checked "
                                                     "statistically instead of by exact enumeration")
     greedy: bool = cap(False, "deterministic (argmax) decoding: checked against the target's greedy continuation")

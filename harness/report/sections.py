@@ -8,7 +8,7 @@ import torch
 
 from harness.report.document import Report, section
 
-MARKS = {"pass": "pass", "FAIL": "**FAIL**", "skip": "skip"}
+MARKS = {"pass": "pass", "FAIL": "**FAIL**", "skip": "skip", "upstream": "upstream", "stale": "**stale**"}
 
 
 def _verdicts(name: str) -> list[dict]:
