@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: every checking process was stopped; no verdict file was written", file=sys.stderr)
-        return 130
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # now: tearing down torch and Hypothesis takes seconds, and nothing is left to save
     except BrokenPipeError:  # `list | head`: the reader left; end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -184,20 +186,20 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
 def cmd_run(args) -> int:
     start = time.perf_counter()
     root = provenance.output_root()
-    verdicts = root / "verdicts"
     summary, status = [], 0
     print(f"results of this run: {root} (machine {provenance.machine_name()}, commit {provenance.commit()})")
-    for t in sorted(load_techniques()):
-        print(f"\n=== check {t} ===", flush=True)
-        rc = check(t, names=[], plugins=[], properties=[], profile=args.profile, jobs=args.jobs,
-                   json_path=str(verdicts / f"{t}.json"))
-        summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
+    with provenance.staged(root / "verdicts") as verdicts:  # replaced whole at the end: never old and new mixed
+        for t in sorted(load_techniques()):
+            print(f"\n=== check {t} ===", flush=True)
+            rc = check(t, names=[], plugins=[], properties=[], profile=args.profile, jobs=args.jobs,
+                       json_path=str(verdicts / f"{t}.json"))
+            summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
+            status |= rc
+        print("\n=== mutants ===", flush=True)
+        rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
+                     json_path=str(verdicts / "mutants.json"))
+        summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
         status |= rc
-    print("\n=== mutants ===", flush=True)
-    rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
-                 json_path=str(verdicts / "mutants.json"))
-    summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
-    status |= rc
     if not args.no_bench:
         from harness.quickbench import run_quick
 
