@@ -80,8 +80,8 @@ def test_our_properties_run_in_a_downstream_pytest_session(installed):
     bad = run(python, "-m", "pytest", "--pyargs", "properties.test_attention", "--harness-impl",
               "attention=my_pkg.kernels:forgets_the_scale", "-q", "-p", "no:cacheprovider", "-k", "matches_reference",
               cwd=project)
-    assert bad.returncode == 1 and "FAILED" in bad.stdout and "test_matches_reference[forgets_the_scale]" in bad.stdout, (
-        bad.stdout[-3000:])
+    failed = "FAILED" in bad.stdout and "test_matches_reference[forgets_the_scale]" in bad.stdout
+    assert bad.returncode == 1 and failed, bad.stdout[-3000:]
     assert files_under(site) == before, "running the properties wrote into site-packages"
 
 

@@ -59,8 +59,8 @@ SAMPLED_DOCS, SAMPLE_SEED = 500, 0
 def learning_rate(recipe: Recipe, step: int) -> float:
     if step < recipe.warmup:
         return recipe.lr * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return recipe.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))  # cosine from lr down to lr / 10
+    done = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    return recipe.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))  # cosine from lr down to lr / 10
 
 
 def corpus_loss(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
