@@ -33,7 +33,7 @@ TECHNIQUE = "quantized_linear"
 def draw_case(data, impl, dtypes=None, **kw) -> LinearCase:
     dtypes = tuple(d for d in impl.dtypes if d in (dtypes or ("float64", "float32"))) or impl.dtypes[:1]
     return data.draw(linear_cases(dtypes=dtypes, devices=available(impl.devices),
-                                  multiple_of=impl.caps.group_size or 1, **kw), label="case")
+                                  multiple_of=impl.caps.group_size or 1, bits=impl.caps.bits, **kw), label="case")
 
 
 def assert_matches_scheme(impl, case: LinearCase, what: str) -> torch.Tensor:
@@ -122,7 +122,8 @@ def test_outliers_follow_each_batch(impl, data):
     """Two batches whose outlier columns differ: each result is its own batch's scheme reference (no state,
     such as outlier columns or scales, carries over from one call to the next)."""
     first, second = data.draw(outlier_batch_pairs(dtypes=("float64",), devices=available(impl.devices),
-                                                  multiple_of=impl.caps.group_size or 1), label="batches")
+                                                  multiple_of=impl.caps.group_size or 1, bits=impl.caps.bits),
+                              label="batches")
     assert_matches_scheme(impl, first, "on the first batch")
     assert_matches_scheme(impl, second, f"on a second batch (outliers {second.outliers}, first {first.outliers})")
 
@@ -144,13 +145,32 @@ BAD_INPUTS = {  # name -> (x, w, bits, argument the message must name)
     "NaN activation": (lambda: torch.full((3, 8), float("nan")), lambda: torch.randn(4, 8), 8, "x"),
     "in-features mismatch": (lambda: torch.randn(3, 7), lambda: torch.randn(4, 8), 8, "x"),
     "w not 2-d": (lambda: torch.randn(3, 8), lambda: torch.randn(8), 8, "w"),
+    "empty 0 x 8 weight": (lambda: torch.randn(3, 8), lambda: torch.randn(0, 8), 8, "w"),
+    "float32 x, float64 w": (lambda: torch.randn(3, 8), lambda: torch.randn(4, 8, dtype=torch.float64), 8, "w"),
+    "float64 x, float32 w": (lambda: torch.randn(3, 8, dtype=torch.float64), lambda: torch.randn(4, 8), 8, "w"),
+    "w on another device": (lambda: torch.randn(3, 8), lambda: torch.empty(4, 8, device="meta"), 8, "w"),
 }
 
 
 def test_rejects_bad_input(impl):
-    """Bad bits, NaN weights or activations, mismatched shapes: a ValueError/TypeError naming the argument."""
-    for name, (make_x, make_w, bits, arg) in sorted(BAD_INPUTS.items()):
+    """Bad bits, NaN weights or activations, mismatched shapes, an empty w, x and w of different dtypes or
+    devices, and a bit width it does not declare: a ValueError/TypeError naming the argument."""
+    cases = dict(BAD_INPUTS)
+    for bits in sorted(set(range(2, 9)) - set(impl.caps.bits))[:1]:
+        cases[f"undeclared {bits}-bit codes"] = (lambda: torch.randn(3, 8), lambda: torch.randn(4, 8), bits, "bits")
+    for name, (make_x, make_w, bits, arg) in sorted(cases.items()):
         assert_rejected(impl, name, make_x(), make_w(), bits=bits, calib=None, names=(arg,), arg_names=("x", "w"))
+
+
+@given(data=st.data(), lead=st.sampled_from([(0,), (2, 0), (0, 3)]))
+def test_no_tokens_give_an_empty_output(impl, data, lead):
+    """x with no tokens, (0, in), (2, 0, in) or (0, 3, in), gives an empty (..., out) output: an empty batch is
+    not an error (its per-tensor scale is that of nothing, never computed)."""
+    case = draw_case(data, impl)
+    _, w, _ = case.tensors()
+    x = torch.zeros(*lead, case.d_in, dtype=w.dtype, device=w.device)
+    out = call(impl, x, w, bits=case.bits)
+    assert out.numel() == 0, f"{impl.name}: an empty batch gave {tuple(out.shape)}"
 
 
 @pytest.mark.parametrize(("caps", "named"), [({"weight": "rows"}, "weight"), ({"act": "batch"}, "act"),
