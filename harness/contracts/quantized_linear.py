@@ -11,6 +11,8 @@
 * Returns approximately x @ w.T, shape (..., out), x's dtype and device.  Inputs are left unchanged.
 * The scheme is declared in ``caps`` and fixes the result up to float rounding:
     weight: "tensor" | "channel" | "group" (+ group_size): symmetric absmax scales of w
+    code_range: "restricted" (codes +-(2^(b-1) - 1), the default) or "full" (-2^(b-1)..2^(b-1) - 1 with
+      s = absmax / (2^(b-1) - 1/2), torchao's int8), for the weight and the activations alike
     act: None (weight only) | "tensor" | "token": absmax scales of x computed at run time
     outlier_threshold: LLM.int8(): the input columns with some |x| > threshold stay in floating point
     smooth_alpha: SmoothQuant: x / s and s * w with s_j = max|X_j|^a / max|W_j|^(1-a), before quantizing
@@ -42,6 +44,9 @@ class QuantizedLinearCaps(BatchedCaps):
                                                 "floating point")
     smooth_alpha: float | None = cap(None, "SmoothQuant's migration strength a: s_j = max|X_j|^a / max|W_j|^(1-a)")
     bits: tuple[int, ...] = cap((2, 3, 4, 5, 6, 7, 8), "the bit widths it serves (a library's int8 kernel: (8,))")
+    code_range: Literal["restricted", "full"] = cap("restricted", "codes +-(2^(b-1)-1) with s = absmax/(2^(b-1)-1), "
+                                                                  "or full -2^(b-1)..2^(b-1)-1 with s = absmax/"
+                                                                  "(2^(b-1)-1/2) (torchao: absmax/127.5)")
 
 QUANTIZED_LINEAR = define(
     Technique(
@@ -62,6 +67,7 @@ class Scheme:
     act: str | None = None
     outlier_threshold: float | None = None
     smooth_alpha: float | None = None
+    code_range: str = "restricted"
 
     def __post_init__(self) -> None:
         """A scheme comes from an implementation's declared capabilities (a plugin's too): reject what no
@@ -78,7 +84,7 @@ class Scheme:
     def of(cls, impl: Impl) -> Scheme:
         c = impl.caps
         return cls(weight=c.weight, group_size=c.group_size, act=c.act, outlier_threshold=c.outlier_threshold,
-                   smooth_alpha=c.smooth_alpha)
+                   smooth_alpha=c.smooth_alpha, code_range=c.code_range)
 
 
 def check_bits(impl_caps: QuantizedLinearCaps, bits: int, who: str) -> None:
