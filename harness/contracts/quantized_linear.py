@@ -87,10 +87,10 @@ class Scheme:
                    smooth_alpha=c.smooth_alpha, code_range=c.code_range)
 
 
-def check_bits(impl_caps: QuantizedLinearCaps, bits: int, who: str) -> None:
-    """ValueError naming bits when a valid width is one the implementation does not declare."""
-    if bits not in impl_caps.bits:
-        raise ValueError(f"{who}: bits={bits} is not served; it serves bits {impl_caps.bits}")
+def check_bits(served: tuple[int, ...], bits: int, who: str) -> None:
+    """ValueError naming bits when a valid width is one the implementation does not declare it serves."""
+    if bits not in served:
+        raise ValueError(f"{who}: bits={bits} is not served; it serves bits {served}")
 
 
 def check_inputs(x: torch.Tensor, w: torch.Tensor, bits: int, calib: torch.Tensor | None = None) -> None:

@@ -35,8 +35,8 @@ def _split(x, w, scheme: Scheme, calib):
 def _quantized_operands(x2, w, bits: int, scheme: Scheme):
     fmt = QuantizationCaps(code_range=scheme.code_range)
     qw = declared_quantize64(w, bits, scheme.weight, scheme.group_size, fmt)
-    qx = None if scheme.act is None else declared_quantize64(x2, bits, "tensor" if scheme.act == "tensor" else "channel",
-                                                             None, fmt)
+    act = "tensor" if scheme.act == "tensor" else "channel"
+    qx = None if scheme.act is None else declared_quantize64(x2, bits, act, None, fmt)
     return qx, qw
 
 
