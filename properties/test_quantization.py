@@ -128,7 +128,6 @@ WORKED_4BIT = {  # convention -> (step, codes) of w = [0.323, -0.2, 0.1, -0.05, 
 
 @applies(symmetric)
 @applies(serves("tensor", bits=4))
-@applies(lambda impl: f"declares group sizes {impl.caps.group_sizes} only" if impl.caps.group_sizes else None)
 def test_worked_example_4bit(impl):
     """A worked exercise: 4 bits per tensor, max|w| = 0.323, so the step is 0.323 / 7 and each code is
     w / step rounded: 0.323 -> 7, -0.2 -> -4.33 -> -4, 0.1 -> 2.17 -> 2, -0.05 -> -1.08 -> -1, 0.03 -> 0.65 -> 1
@@ -180,7 +179,7 @@ def test_absmax_round_trips(impl, data):
     codes, want = qt.codes.to(torch.int64)[at_peak], truth.codes[at_peak]
     ok = codes == want
     if impl.caps.code_range == "full":  # -(2^(b-1) - 1/2) steps is a tie: rounded in w's dtype, either code
-        ok |= (want == -(2 ** (case.bits - 1))) & (codes == want + 1)
+        ok |= (want < 0) & ((codes == -(2 ** (case.bits - 1))) | (codes == -qmax(case.bits)))
     assert bool(ok.all()), (f"{impl.name}: an absmax element got code {codes[~ok][:4].tolist()}, expected "
                             f"{want[~ok][:4].tolist()}")
     if impl.caps.code_range == "full":
@@ -255,6 +254,8 @@ def test_extreme_magnitudes(impl, data, extreme):
     assert_within_half_step(impl, w, qt, case.bits)
 
 
+@applies(lambda impl: "the full convention's grid is not closed: a positive peak dequantizes to 2^(b-1) - 1 "
+         "steps, so its requantized scale shrinks" if impl.caps.code_range == "full" else None)
 @given(data=st.data())
 def test_requantize_is_identity(impl, data):
     """q(dq(q(w))) = q(w): the dequantized tensor is already on the grid, with the same scales."""
@@ -363,7 +364,7 @@ def undeclared_formats(impl) -> dict:
         cases[f"undeclared granularity {other}"] = (lambda: torch.randn(4, 8), {
             "bits": caps.bits[0], "granularity": other, "group_size": 2 if other == "group" else None}, "granularity")
     if caps.group_sizes is not None and "group" in caps.granularities:
-        other = next(g for g in (2, 3, 4, 8, 16, 64) if g not in caps.group_sizes)
+        other = next(g for g in range(2, 1000) if g not in caps.group_sizes)
         cases[f"undeclared group size {other}"] = (lambda: torch.randn(4, 4 * other), {
             "bits": caps.bits[0], "granularity": "group", "group_size": other}, "group_size")
     return cases
