@@ -66,17 +66,39 @@ def test_matches_scheme_in_low_precision(impl, data):
     dtypes = tuple(d for d in impl.dtypes if d != "float64")
     case = draw_case(data, impl, dtypes=dtypes, leading_dims=True)
     x, w, calib = case.tensors()
-    out = call(impl, x, w, bits=case.bits, calib=calib).double()
+    assert_scheme_in_low_precision(impl, x, w, case.bits, calib, f"in {case.dtype}")
+
+
+def assert_scheme_in_low_precision(impl, x, w, bits, calib, what: str) -> None:
+    out = call(impl, x, w, bits=bits, calib=calib).double()
     scheme = Scheme.of(impl)
-    truth = quantized_linear64(x, w, bits=case.bits, scheme=scheme, calib=calib)
-    ties = quantized_linear_tie_bound(x, w, bits=case.bits, scheme=scheme, calib=calib,
-                                      rel=16 * torch.finfo(x.dtype).eps)
+    truth = quantized_linear64(x, w, bits=bits, scheme=scheme, calib=calib)
+    ties = quantized_linear_tie_bound(x, w, bits=bits, scheme=scheme, calib=calib, rel=16 * torch.finfo(x.dtype).eps)
     bound = TOLERANCES[("quantized_matmul", x.dtype)].floor * (x.double().abs() @ w.double().abs().T) + ties
     err = (out - truth).abs()
     bad = err > bound
     assert not bool(bad.any()), (
-        f"{impl.name} in {case.dtype}: {err[bad][0].item():.4g} from its scheme's float64 reference, beyond the "
+        f"{impl.name} {what}: {err[bad][0].item():.4g} from its scheme's float64 reference, beyond the "
         f"rounding allowance {bound[bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
+
+
+@given(data=st.data())
+def test_any_leading_dims(impl, data):
+    """x is (..., in): one token as a 1-d x, and the tokens as a 4-d (2, 2, n / 4, in) x, each give the declared
+    scheme's output of that shape (a kernel that flattens only 3-d inputs, or reads dim 1 as the features,
+    fails here on every example)."""
+    case = draw_case(data, impl)
+    x, w, calib = case.tensors()
+    tokens = x.reshape(-1, case.d_in)
+    shapes = [tokens[0]] + ([tokens[: 4 * (case.n // 4)].reshape(2, 2, case.n // 4, case.d_in)] if case.n >= 4 else [])
+    for xs in shapes:
+        if x.dtype == torch.float64:
+            truth = quantized_linear64(xs, w, bits=case.bits, scheme=Scheme.of(impl), calib=calib)
+            plain = quantized_linear_plain(xs, w, bits=case.bits, scheme=Scheme.of(impl), calib=calib)
+            assert_earned(call(impl, xs, w, bits=case.bits, calib=calib), truth, plain, torch.float64,
+                          what=f"{impl.name} on x of shape {tuple(xs.shape)}")
+        else:
+            assert_scheme_in_low_precision(impl, xs, w, case.bits, calib, f"on x of shape {tuple(xs.shape)}")
 
 
 @given(data=st.data())

@@ -78,7 +78,8 @@ def torchao_linear(x, w, *, bits, config: str):
     if (empty := no_tokens_output(x, w)) is not None:
         return empty
     quantization = TORCHAO.load("torchao.quantization")
-    layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype, device=w.device)
+    layer = torch.nn.utils.skip_init(torch.nn.Linear, w.shape[1], w.shape[0], bias=False, dtype=w.dtype,
+                                     device=w.device)  # no random initialization: the global RNG stays untouched
     with torch.no_grad():
         layer.weight.copy_(w)
     quantization.quantize_(layer, getattr(quantization, config)())
