@@ -14,7 +14,7 @@ import logging
 
 from harness.contracts.quantized_linear import check_bits, check_inputs, no_tokens_output
 from harness.registry import known_failure, register
-from impls.external.common import Library
+from impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 BNB = Library("bitsandbytes", "bitsandbytes",
               install="pip install --no-deps bitsandbytes (pip would replace torch otherwise)")
@@ -35,11 +35,12 @@ def bnb_matmul(x, w, *, bits, threshold: float):
 
 register("quantized_linear", "bnb_int8", dtypes=("float16",), exact=False, unavailable=BNB.unavailable,
          cite="bitsandbytes MatMul8bitLt without threshold (vector-wise int8)",
-         caps={"weight": "channel", "act": "token", "bits": (8,)})(
+         caps={"weight": "channel", "act": "token", "bits": (8,), "call_limit_s": FIRST_CALL_IMPORTS_S})(
     lambda x, w, *, bits=8, calib=None: bnb_matmul(x, w, bits=bits, threshold=0.0))
 register("quantized_linear", "bnb_llm_int8", dtypes=("float16",), exact=False, unavailable=BNB.unavailable,
          cite="bitsandbytes MatMul8bitLt with threshold 6 (LLM.int8() decomposition)",
-         caps={"weight": "channel", "act": "token", "bits": (8,), "outlier_threshold": THRESHOLD})(
+         caps={"weight": "channel", "act": "token", "bits": (8,), "outlier_threshold": THRESHOLD,
+               "call_limit_s": FIRST_CALL_IMPORTS_S})(
     lambda x, w, *, bits=8, calib=None: bnb_matmul(x, w, bits=bits, threshold=THRESHOLD))
 
 

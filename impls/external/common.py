@@ -20,6 +20,9 @@ from types import ModuleType
 from harness.registry import library_unavailable
 
 EXTRA = "pip install -e '.[external]'"
+# The per-call limit of an adapter whose first call imports its library (transformers' Llama module, torchao,
+# bitsandbytes: 5-20 s each on a loaded 2-core machine) -- as a JIT kernel's first call compiles.
+FIRST_CALL_IMPORTS_S = 120.0
 
 
 @dataclass(frozen=True)

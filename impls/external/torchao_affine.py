@@ -15,14 +15,14 @@ from harness.contracts.quantization import QuantizationCaps, Quantized, check_fo
 from harness.contracts.quantized_linear import check_bits, no_tokens_output
 from harness.contracts.quantized_linear import check_inputs as check_linear_inputs
 from harness.registry import known_failure, register
-from impls.external.common import Library
+from impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 TORCHAO = Library("torchao", "torchao", install="pip install --no-deps torchao (pip would replace torch otherwise)")
 DTYPES = ("float32", "bfloat16")  # its primitives refuse float64; float16's smallest normal would floor scales
 AFFINE = QuantizationCaps(bits=(4, 8), code_range="full", group_sizes=(2, 3, 4, 8, 16, 32, 64, 128),
-                          scale_floor=torch.finfo(torch.float32).tiny)
+                          scale_floor=torch.finfo(torch.float32).tiny, call_limit_s=FIRST_CALL_IMPORTS_S)
 PER_ELEMENT = QuantizationCaps(bits=(4, 8), code_range="full", granularities=("group",), group_sizes=(1,),
-                               scale_floor=torch.finfo(torch.float32).tiny)
+                               scale_floor=torch.finfo(torch.float32).tiny, call_limit_s=FIRST_CALL_IMPORTS_S)
 
 
 def quantize_torchao(w, bits, granularity, group_size, caps) -> Quantized:
@@ -88,8 +88,9 @@ def torchao_linear(x, w, *, bits, config: str):
 
 
 LINEAR_CAPS = {
-    "Int8WeightOnlyConfig": dict(weight="channel", bits=(8,), code_range="full"),
-    "Int8DynamicActivationInt8WeightConfig": dict(weight="channel", act="token", bits=(8,), code_range="full"),
+    "Int8WeightOnlyConfig": dict(weight="channel", bits=(8,), code_range="full", call_limit_s=FIRST_CALL_IMPORTS_S),
+    "Int8DynamicActivationInt8WeightConfig": dict(weight="channel", act="token", bits=(8,), code_range="full",
+                                                  call_limit_s=FIRST_CALL_IMPORTS_S),
 }
 for _config, _name in (("Int8WeightOnlyConfig", "torchao_int8_weight_only"),
                        ("Int8DynamicActivationInt8WeightConfig", "torchao_int8_dynamic")):

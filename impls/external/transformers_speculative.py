@@ -19,7 +19,7 @@ import torch
 
 from harness.contracts.speculative import Generation, Round, check_inputs, validated
 from harness.registry import register
-from impls.external.common import Library
+from impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 TRANSFORMERS = Library("transformers", "transformers")
 
@@ -48,7 +48,7 @@ def draws_through(rng):
 
 
 @register("speculative", "transformers_speculative_sampling", dtypes=("float64",),
-          unavailable=TRANSFORMERS.unavailable,
+          unavailable=TRANSFORMERS.unavailable, caps={"call_limit_s": FIRST_CALL_IMPORTS_S},
           cite="transformers generation/utils.py _speculative_sampling (Leviathan et al. 2023, Algorithm 1)")
 def transformers_speculative_sampling(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
