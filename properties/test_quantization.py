@@ -30,7 +30,7 @@ from harness.devices import available
 from harness.guard import assert_rejected
 from harness.references.quantization import declared_quantize64, quantize64, zero_point_quantize64
 from harness.runner import applies
-from harness.strategies.quantization import QuantCase, quant_cases
+from harness.strategies.quantization import LONG_ROWS, QuantCase, long_row_cases, quant_cases
 from harness.tolerance import FLOAT64_IDENTITY, TOLERANCES, dtype_of
 
 TECHNIQUE = "quantization"
@@ -225,6 +225,21 @@ def assert_scales_match(impl, qt, truth, dtype: torch.dtype, formula: str) -> No
     assert not bool(bad.any()), (
         f"{impl.name}: a scale differs from {formula}: {qt.scale[bad][0].item():.6g} where the reference has "
         f"{truth.scale[bad][0].item():.6g}, at group {bad.nonzero()[0].tolist()}")
+
+
+@given(data=st.data())
+def test_long_rows_keep_their_peak(impl, data):
+    """Rows past 256, 512, 1024 and 4096 elements whose largest magnitude sits beyond the first block: every
+    scale is still its whole group's (the reference's) and every element within its bound.  A row-wise
+    reduction that sees only one block of 256 or 1024 elements misses the peak and clamps it."""
+    for lo, hi in LONG_ROWS:
+        case = data.draw(long_row_cases(lo, hi, dtypes=impl.dtypes, devices=available(impl.devices), caps=impl.caps),
+                         label=f"a row past {lo - 1}")
+        w = case.tensor()
+        qt = quantize_case(impl, case, w)
+        assert_scales_match(impl, qt, reference(impl, w, case), w.dtype,
+                            f"its group's rule with the peak at column {case.peak_at} of {case.cols}")
+        assert_within_half_step(impl, w, qt, case.bits)
 
 
 @given(data=st.data(), extreme=st.sampled_from(["huge", "tiny"]))

@@ -77,7 +77,7 @@ def speed_rows() -> list[list]:
               lambda i: lambda: i.fn(x.to(dtype_for(i)), w.to(dtype_for(i)), bits=8),
               ("w8a8_token", "weight_only_channel")),
              ("attention", "(1, 8, 512, 64) float32, causal", "attention",
-              lambda i: lambda: i.fn(q, k, v, causal=True), ("sdpa", "fa2_lazy_rescale_64x64"))]
+              lambda i: lambda: i.fn(q, k, v, causal=True), ("sdpa", "fa2_lazy_rescale_128x256"))]
     rows = []
     for technique, case, _, call, ours in cases:
         for impl in impls(technique):

@@ -35,6 +35,7 @@ class QuantCase:
     zero_rows: int = 0
     zero_group: bool = False
     device: str = "cpu"
+    peak_at: int | None = None  # this column holds every row's largest magnitude (1.5x the row's absmax)
 
     def tensor(self) -> torch.Tensor:
         g = generator(self.seed)
@@ -44,6 +45,8 @@ class QuantCase:
         w[: self.zero_rows] = 0.0
         if self.zero_group:
             w[1::2, : self.group_size or self.cols] = 0.0
+        if self.peak_at is not None:
+            w[:, self.peak_at] = 1.5 * w.abs().amax(dim=1) * torch.where(w[:, self.peak_at] < 0, -1.0, 1.0)
         return w.to(dtype_of(self.dtype)).to(self.device)
 
 
@@ -75,3 +78,15 @@ def quant_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices
         zero_rows=draw(st.integers(0, rows)) if zeros else 0, zero_group=draw(st.booleans()) if zeros else False,
         device=draw(st.sampled_from(devices)),
     )
+
+
+@st.composite
+def long_row_cases(draw: st.DrawFn, lo: int, hi: int, dtypes: tuple[str, ...] = ("float64",),
+                   devices: tuple[str, ...] = ("cpu",), caps=None) -> QuantCase:
+    """1-2 rows of lo..hi elements whose largest magnitude sits past the first lo - 1 (a reduction that sees only
+    its first block of a row misses it), inside the declared formats."""
+    base = draw(quant_cases(dtypes=dtypes, devices=devices, caps=caps))
+    g = base.group_size or 1
+    cols = g * draw(st.integers(-(-lo // g), max(-(-lo // g), hi // g)))
+    return QuantCase(**{**base.__dict__, "rows": draw(st.integers(1, 2)), "cols": cols, "zero_rows": 0,
+                        "peak_at": draw(st.integers(lo - 1, cols - 1))})
