@@ -323,6 +323,9 @@ def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[
         row = [MARK[cell[(r.name, p.name)].status] if (r.name, p.name) in cell else "?" for p in props]
         mutant = "   (mutant)" if r.info.get("mutant") else ""
         say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
+    declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
+    if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
+        say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
     verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
         if v.status in ("FAIL", "stale", "upstream"):

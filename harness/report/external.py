@@ -32,7 +32,7 @@ def version(dist: str) -> str:
 @section("Third-party implementations")
 def third_party(r: Report) -> None:
     from harness.registry import KNOWN_FAILURES, impls
-    from harness.report.sections import MARKS, _verdicts
+    from harness.report.sections import MARKS
 
     r.caption("Libraries adapted to the contracts (impls/external/): each checked by the same properties as ours "
               "(ci profile), inside the formats it declares; 'upstream' marks a recorded bug of the library, "
@@ -41,13 +41,13 @@ def third_party(r: Report) -> None:
         adapters = [i for i in impls(t) if i.source.startswith(SOURCE)]
         if not adapters:
             continue
-        verdicts = [v for v in _verdicts(t) if v["impl"] in {a.name for a in adapters}]
+        verdicts = adapter_verdicts(t, [a.name for a in adapters])
         props = list(dict.fromkeys(v["property"] for v in verdicts))
         cell = {(v["impl"], v["property"]): MARKS[v["status"]] for v in verdicts}
         r.heading(t, level=3)
-        r.table(["adapter", "library", "version", *props],
-                [[a.name, library_of(a), version(library_of(a)), *(cell.get((a.name, p), "") for p in props)]
-                 for a in adapters])
+        r.table(["adapter", "library", "version", "declared", *props],
+                [[a.name, library_of(a), version(library_of(a)), declared(a),
+                  *(cell.get((a.name, p), "") for p in props)] for a in adapters])
         skipped = sorted({(v["impl"], v["message"]) for v in verdicts if v["status"] == "skip" and v["message"] and
                           "not installed" in v["message"]})
         if skipped:
@@ -60,6 +60,25 @@ def third_party(r: Report) -> None:
     r.table(["technique", "case", "implementation", "median ms"], speed_rows(),
             caption="Median wall time of one call on this machine (torch.utils.benchmark, 0.2 s per case), ours and "
                     "the libraries' on the same inputs; an adapter that cannot run here is left out.")
+
+
+def adapter_verdicts(technique: str, names: list[str]) -> list[dict]:
+    """The adapters' verdicts `python -m harness run` saved for this machine, or checked now (ci profile)."""
+    import json
+
+    from harness import provenance, runner
+
+    path = provenance.output_root() / "verdicts" / f"{technique}.json"
+    if path.is_file():
+        return [v for v in json.loads(path.read_text())["verdicts"] if v["impl"] in names]
+    results = runner.check(technique, [runner.Target(technique, name=n) for n in names], profile="ci")
+    return [v.as_dict() for r in results for v in r.verdicts]
+
+
+def declared(impl) -> str:
+    """What the adapter declares beyond the defaults (its formats, conventions, dtypes), for the table."""
+    caps = {k: v for k, v in impl.caps.declared().items() if k != "call_limit_s"}
+    return ", ".join([f"dtypes {'/'.join(impl.dtypes)}", *(f"{k}={v}" for k, v in caps.items())])
 
 
 def speed_rows() -> list[list]:
