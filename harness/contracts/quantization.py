@@ -26,7 +26,8 @@ draw only inside what it declares, and skip, naming the format, what needs more:
 * ``bits``, ``granularities``, ``group_sizes``: the formats it serves (GGUF Q8_0: 8 bits, groups of 32).
 * ``code_range="full"``: codes in [-2^(b-1), 2^(b-1) - 1] with s = max|w| / (2^(b-1) - 1/2) (torchao's
   symmetric int8, torch.ao's qint8 observers: absmax / 127.5).  Every error is still within s/2; the
-  absmax element no longer round-trips (a positive one gets 2^(b-1) - 1, half a step short).
+  absmax element no longer round-trips (a positive one gets 2^(b-1) - 1, half a step short; a negative one
+  -2^(b-1), or -(2^(b-1) - 1) where w / s rounds just short of the tie).
 * ``code_range="signed_extreme"``: s = m / -2^(b-1) for m the group's element of largest magnitude, so s
   takes m's opposite sign and m gets code -2^(b-1) exactly (GGUF Q4_0, d = max / -8); an element past
   2^(b-1) - 1/2 steps on the other side is clipped to 2^(b-1) - 1 and may be off by one whole step.
@@ -37,8 +38,8 @@ draw only inside what it declares, and skip, naming the format, what needs more:
   reference scale is then max(rule, floor), and the absmax round trip is not expected where it binds.
 
 What stays exact under every declaration: codes in the declared range, the error bound, the absmax scale
-rule of the declared convention, requantization being the identity, rescaling by a power of two, zeros
-staying zeros, and the bad-input rules: w must be a non-empty 2-d floating-point tensor of finite values
+rule of the declared convention, requantization being the identity (not in the full convention, whose positive
+peak dequantizes half a step short), rescaling by a power of two, zeros staying zeros, and the bad-input rules: w must be a non-empty 2-d floating-point tensor of finite values
 (an empty w, e.g. 0 x 8, raises ValueError naming w); codes, scales and zero points come back on w's device.
 """
 
