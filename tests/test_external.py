@@ -30,12 +30,16 @@ def test_recorded_upstream_failure_still_reproduces(record):
     exec(compile(record.reproduce, f"<reproduction of {record.impl} / {record.property}>", "exec"), {})
 
 
-def test_every_record_names_a_registered_adapter_and_property():
+def test_every_record_names_a_registered_adapter_and_a_property_that_applies_to_it():
+    """A record on a property its adapter skips could never show: it would hide nothing and prove nothing."""
     from harness.runner import properties_of
 
     for r in RECORDS:
-        get(r.technique, r.impl)
-        assert r.property in {p.name for p in properties_of(r.technique)}, f"{r.impl}: no property {r.property}"
+        impl = get(r.technique, r.impl)
+        props = {p.name: p for p in properties_of(r.technique)}
+        assert r.property in props, f"{r.impl}: no property {r.property}"
+        reason = props[r.property].skip_reason(impl)
+        assert reason is None or reason == impl.unavailable, f"{r.impl} / {r.property} is skipped: {reason}"
         assert r.version and r.what and r.reproduce.strip()
 
 

@@ -38,9 +38,11 @@ draw only inside what it declares, and skip, naming the format, what needs more:
   reference scale is then max(rule, floor), and the absmax round trip is not expected where it binds.
 
 What stays exact under every declaration: codes in the declared range, the error bound, the absmax scale
-rule of the declared convention, requantization being the identity (not in the full convention, whose positive
-peak dequantizes half a step short), rescaling by a power of two, zeros staying zeros, and the bad-input rules: w must be a non-empty 2-d floating-point tensor of finite values
-(an empty w, e.g. 0 x 8, raises ValueError naming w); codes, scales and zero points come back on w's device.
+rule of the declared convention, requantization being the identity (not in the full convention, whose
+positive peak dequantizes half a step short), rescaling by a power of two, zeros staying zeros, and the
+bad-input rules: w must be a non-empty 2-d floating-point tensor of finite values (an empty w, e.g. 0 x 8,
+raises ValueError naming w), a format it does not declare is refused naming the argument; codes, scales and
+zero points come back on w's device.
 """
 
 from __future__ import annotations
