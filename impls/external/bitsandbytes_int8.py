@@ -29,8 +29,13 @@ def bnb_matmul(x, w, *, bits, threshold: float):
     bnb = BNB.load()
     state = bnb.MatmulLtState()
     state.is_training = False  # the inference path of Linear8bitLt (eval mode); see the module docstring
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    return bnb.matmul(x, w, state=state, threshold=threshold)  # (..., out)
+    logger = logging.getLogger("bitsandbytes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its warning that other dtypes are cast to float16, once per call
+    try:
+        return bnb.matmul(x, w, state=state, threshold=threshold)  # (..., out)
+    finally:
+        logger.setLevel(level)
 
 
 register("quantized_linear", "bnb_int8", dtypes=("float16",), exact=False, unavailable=BNB.unavailable,
