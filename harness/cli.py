@@ -126,6 +126,8 @@ def cmd_list(args) -> int:
         for r in impls(name, mutants=None):
             kind = f"MUTANT ({r.bug}; killed by {', '.join(r.killed_by)})" if r.mutant else (
                 "exact" if r.exact else "approximate")
+            if r.unavailable:
+                kind += f"; UNAVAILABLE: {r.unavailable}"
             declared = r.caps.declared()
             print(f"  {r.name:<28} {kind}\n  {'':<28} devices={','.join(r.devices)} dtypes={','.join(r.dtypes)}"
                   + (f" caps={declared}" if declared else "") + (f"\n  {'':<28} {r.cite}" if r.cite else ""))
@@ -367,6 +369,9 @@ def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[
         row = [MARK[cell[(r.name, p.name)].status] if (r.name, p.name) in cell else "?" for p in props]
         mutant = "   (mutant)" if r.info.get("mutant") else ""
         say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
+    declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
+    if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
+        say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
     verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
         if v.status in ("FAIL", "stale", "upstream"):
