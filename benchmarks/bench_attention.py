@@ -12,10 +12,8 @@ from benchmarks.common import (
     DEVICES,
     KERNEL_HEAD_DIMS,
     KERNEL_LENGTHS,
-    alternating_ratio,
     cuda_seconds,
     cuda_warm_up,
-    fastest,
     impl_names,
     paper_shape,
     require,
@@ -23,6 +21,7 @@ from benchmarks.common import (
     resolve_impl,
     sync,
 )
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):

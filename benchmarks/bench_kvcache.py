@@ -11,16 +11,8 @@ import time
 
 import torch
 
-from benchmarks.common import (
-    DEVICES,
-    alternating_ratio,
-    fastest,
-    impl_names,
-    median_seconds,
-    require,
-    resolve_device,
-    resolve_impl,
-)
+from benchmarks.common import DEVICES, impl_names, median_seconds, require, resolve_device, resolve_impl
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):

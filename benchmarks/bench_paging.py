@@ -7,17 +7,8 @@ the simulator's track_ values move on the dashboard whenever a policy or a block
 
 import torch
 
-from benchmarks.common import (
-    DEVICES,
-    alternating_ratio,
-    cuda_warm_up,
-    fastest,
-    impl_names,
-    require,
-    resolve_device,
-    resolve_impl,
-    sync,
-)
+from benchmarks.common import DEVICES, cuda_warm_up, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):

@@ -7,17 +7,8 @@ weights (harness/models/weights) and skip (n/a) without them.
 
 import torch
 
-from benchmarks.common import (
-    DEVICES,
-    alternating_ratio,
-    cuda_warm_up,
-    fastest,
-    impl_names,
-    require,
-    resolve_device,
-    resolve_impl,
-    sync,
-)
+from benchmarks.common import DEVICES, cuda_warm_up, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):

@@ -7,7 +7,8 @@ Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts fr
 
 import time
 
-from benchmarks.common import DEVICES, alternating_ratio, require, resolve_device, resolve_impl
+from benchmarks.common import DEVICES, require, resolve_device, resolve_impl
+from benchmarks.invariance_cost import alternating_ratio
 
 
 def setup(*params):

@@ -100,25 +100,3 @@ def median_seconds(fn, repeat: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def alternating_ratio(numerator, denominator, rounds: int = 7, device: torch.device | None = None) -> float:
-    """Median over ``rounds`` of (numerator's time / denominator's), the two called in turn, best of two calls
-    each (CUDA synchronized): load that comes and goes on a shared machine hits both sides of a round."""
-
-    def best(fn) -> float:
-        times = []
-        for _ in range(2):
-            start = time.perf_counter()
-            fn()
-            if device is not None:
-                sync(device)
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return statistics.median(best(numerator) / best(denominator) for _ in range(rounds))
-
-
-def fastest(candidates: dict, run) -> str:
-    """The name of the candidate whose ``run(candidate)`` takes least time, each called twice, best call kept."""
-    return min(candidates, key=lambda name: min(median_seconds(lambda: run(candidates[name]), 1) for _ in range(2)))
