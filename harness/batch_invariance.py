@@ -328,7 +328,7 @@ def fixed_specs(technique: str, dtype: str) -> list:
     if technique == "paged_attention":
         return [PagedBatch(PagedAttentionCase(B=len(lens), H=4, Hkv=2, Nq=Nq, seq_lens=lens, d=32, block_size=bs,
                                               spare_blocks=1, causal=True, scale=None, dtype=dtype, seed=i),
-                           at=i % len(lens), perm_seed=i, cuts=tuple(range(1, Nq)))
+                           at=(i + 1) % len(lens), perm_seed=i, cuts=tuple(range(1, Nq)))
                 for i, (lens, Nq, bs) in enumerate([((200, 33, 7), 1, 16), ((40, 90, 12, 64), 5, 8),
                                                     ((130, 130), 3, 32)])]
     if technique == "kvcache":
