@@ -308,9 +308,10 @@ class Measured:
     note: str = ""  # why a kind could not be measured
 
 
-def fixed_specs(technique: str, dtype: str) -> list:
+def fixed_specs(technique: str, dtype: str, device: str = "cpu") -> list:
     """The compositions `measure` runs: a few shapes each of decode, prefill and ragged batches, from fixed
-    seeds (deterministic, unlike drawing), small enough to run every implementation in seconds."""
+    seeds (deterministic, unlike drawing), small enough to run every implementation in seconds; tensors on
+    ``device`` (decoders and samplers run on the CPU)."""
     from harness.strategies.attention import AttentionCase
     from harness.strategies.kvcache import DecodeCase
     from harness.strategies.paged_attention import PagedAttentionCase
@@ -321,13 +322,14 @@ def fixed_specs(technique: str, dtype: str) -> list:
         shapes = [(4, 2, 1, 200, 64, True), (2, 2, 40, 40, 32, True), (4, 1, 17, 65, 16, False),
                   (2, 1, 64, 130, 64, True)]  # (H, Hkv, Nq, Nk, d, causal): decode, square prefill, chunk, long
         return [AttentionBatch(AttentionCase(B=1, H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, causal=c, scale=None,
-                                             dtype=dtype, seed=i), others=tuple((100 + i * 7 + j, m) for j, m in
-                                                                                enumerate((1.0, 30.0, 1e-2)[:1 + i])),
+                                             dtype=dtype, seed=i, device=device),
+                               others=tuple((100 + i * 7 + j, m) for j, m in enumerate((1.0, 30.0, 1e-2)[:1 + i])),
                                at=i % (2 + i), perm_seed=i, cuts=tuple(range(1, Nq)) if Nq <= 17 else (Nq // 3,))
                 for i, (H, Hkv, Nq, Nk, d, c) in enumerate(shapes)]
     if technique == "paged_attention":
         return [PagedBatch(PagedAttentionCase(B=len(lens), H=4, Hkv=2, Nq=Nq, seq_lens=lens, d=32, block_size=bs,
-                                              spare_blocks=1, causal=True, scale=None, dtype=dtype, seed=i),
+                                              spare_blocks=1, causal=True, scale=None, dtype=dtype, seed=i,
+                                              device=device),
                            at=(i + 1) % len(lens), perm_seed=i, cuts=tuple(range(1, Nq)))
                 for i, (lens, Nq, bs) in enumerate([((200, 33, 7), 1, 16), ((40, 90, 12, 64), 5, 8),
                                                     ((130, 130), 3, 32)])]
@@ -342,7 +344,7 @@ def fixed_specs(technique: str, dtype: str) -> list:
                                epochs=(((1,), 3), ((0, 1), 1)))]
     if technique == "quantized_linear":
         return [LinearBatch(LinearCase(n=n, d_in=64, d_out=32, bits=8, dtype=dtype, seed=i, outliers=outliers,
-                                       zero_tokens=1, calib=calib), at=i % n, perm_seed=i)
+                                       zero_tokens=1, calib=calib, device=device), at=i % n, perm_seed=i)
                 for i, (n, outliers, calib) in enumerate([(9, (), False), (33, (5,), False), (16, (3, 40), True)])]
     if technique == "speculative":
         return [SamplerBatch(SpeculativeCase(V=4, target_order=2, draft="table", draft_order=1, zeros=0.3, gamma=g,
@@ -357,19 +359,20 @@ def measure(impl, specs: list | None = None) -> Measured:
     """The largest deviation of every kind over ``specs`` (default `fixed_specs`), in float32 where the
     implementation declares it (else its first dtype); a sampler with no batch form is measured for
     determinism only, and a call that breaks its contract is noted, not raised."""
-    from harness.devices import available
+    from harness.devices import available, unavailable_reason
 
     dtype = "float32" if "float32" in impl.dtypes else impl.dtypes[0]
     declared = tuple(c for c in ("batch_invariant", "deterministic") if getattr(impl.caps, c))
     result = Measured(impl.name, dtype, declared)
-    if not available(impl.devices):
-        result.note = f"declares devices {impl.devices}, none here"
+    if why := unavailable_reason(impl):  # a library not installed, or no device of its here
+        result.note = why
         return result
     batch, determinism_of = COMPARISONS[impl.technique]
     kinds = [batch, determinism_of]
     if impl.technique == "speculative" and not callable(getattr(impl.fn, "batched", None)):
         result.note, kinds = "one sequence: no batch form", [determinism_of]
-    for spec in fixed_specs(impl.technique, dtype) if specs is None else specs:
+    device = available(impl.devices)[0]
+    for spec in fixed_specs(impl.technique, dtype, device) if specs is None else specs:
         for comparisons in kinds:
             try:
                 for c in comparisons(impl, spec):
