@@ -1,7 +1,7 @@
 """Batch-invariant attention: softmax(q k^T * scale) v with every reduction in a fixed order.
 
-Scores are dot products over d added 8 terms at a time (a tree per chunk, chunks in order), the normalizer
-and the output are trees over the keys (harness/fixed_order.py), so a row's output depends on its own q,
+Scores are dot products over d and the output sums over the keys, each added term by term in index order,
+the normalizer a tree over the keys (harness/fixed_order.py), so a row's output depends on its own q,
 k and v only: not on the batch size, the other rows, their order, how many of its queries share the call
 (keys a query cannot see add exact zeros), or the thread count.  Invariant: out[b] is bit-identical to
 the same call on row b alone, and a chunk of causal queries with the keys its last query sees gives the
