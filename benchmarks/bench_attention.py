@@ -21,6 +21,7 @@ from benchmarks.common import (
     resolve_impl,
     sync,
 )
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):
@@ -253,3 +254,33 @@ class ModelledHBMTraffic:
         return self.bytes
 
     track_modelled_hbm_bytes.unit = "bytes"
+
+
+class BatchInvarianceCost:
+    """The cost of batch invariance: the fixed-order kernel (impls/attention/batch_invariant.py) over the
+    fastest registered kernel that declares no invariance, B=4, H=8, N=256, d=64, causal, float32, timed in
+    turn within one run (median of 7 rounds' ratios).  On a CPU the fixed order is spelled out as one
+    elementwise op per term (no BLAS), so this is the price of that emulation; a GPU kernel with one tile
+    configuration and no split-K pays far less."""
+
+    params = [DEVICES]
+    param_names = ["device"]
+    timeout = 600
+
+    def setup(self, device):
+        from harness.registry import impls
+
+        self.device = resolve_device(device)
+        g = torch.Generator().manual_seed(0)
+        self.qkv = [torch.randn(4, 8, 256, 64, generator=g).to(self.device) for _ in range(3)]
+        self.invariant = resolve_impl("attention", "batch_invariant", self.device).fn
+        others = {i.name: i.fn for i in impls("attention") if not i.caps.batch_invariant and not i.caps.oracle
+                  and self.device.type in i.devices and "float32" in i.dtypes and i.caps.max_len is None}
+        self.other = others[fastest(others, lambda fn: (fn(*self.qkv, causal=True), sync(self.device)))]
+
+    def track_batch_invariant_over_fastest(self, device):
+        """Higher is dearer: 1.0 means invariance is free."""
+        return alternating_ratio(lambda: self.invariant(*self.qkv, causal=True),
+                                 lambda: self.other(*self.qkv, causal=True), device=self.device)
+
+    track_batch_invariant_over_fastest.unit = "ratio"

@@ -1,4 +1,5 @@
-"""KV-cache decoding: prefill vs decode, decode vs batch size, cached vs recompute, and the memory roofline.
+"""KV-cache decoding: prefill vs decode, decode vs batch size, cached vs recompute, the memory roofline, and the
+cost of batch invariance.
 
 Models have random weights (speed does not depend on training): the target's shape (d=128, 4 layers,
 ~0.8M parameters) with a longer context, and a >= 100M-parameter config for the roofline.  Ratios
@@ -11,6 +12,7 @@ import time
 import torch
 
 from benchmarks.common import DEVICES, impl_names, median_seconds, require, resolve_device, resolve_impl
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):
@@ -206,3 +208,37 @@ class MemoryRoofline(OneThread):
         return self.bandwidths()[1] / 1e9
 
     track_matvec_gb_per_s.unit = "GB/s"
+
+
+class BatchInvarianceCost(OneThread):
+    """The cost of batch invariance: generating 16 tokens after 8 ragged prompts of 32-64 tokens with the
+    target's shape (d=128, 4 layers), the fixed-order decoder (impls/kvcache/batch_invariant.py) over the
+    fastest registered decoder that declares no invariance, timed in turn within one run (median of 5
+    rounds' ratios, one intra-op thread)."""
+
+    params = [DEVICES]
+    param_names = ["device"]
+    timeout = 900
+    STEPS = 16
+
+    def setup(self, device):
+        from harness.registry import impls
+
+        super().setup()
+        resolve_device(device)
+        self.model = small_model(block_size=128)
+        lengths = torch.randint(32, 65, (8,), generator=torch.Generator().manual_seed(1)).tolist()
+        self.prompts = [tokens(n, seed=b)[0] for b, n in enumerate(lengths)]
+        self.invariant = resolve_impl("kvcache", "batch_invariant", torch.device(device)).fn
+        others = {i.name: i.fn for i in impls("kvcache") if not i.caps.batch_invariant and i.name != "recompute"
+                  and device in i.devices and "float32" in i.dtypes}
+        self.other = others[fastest(others, self.generate)]
+
+    def generate(self, make) -> None:
+        generate(make(self.model, 64 + self.STEPS), self.prompts, self.STEPS)
+
+    def track_batch_invariant_over_fastest(self, device):
+        """Higher is dearer: 1.0 means invariance is free."""
+        return alternating_ratio(lambda: self.generate(self.invariant), lambda: self.generate(self.other), rounds=5)
+
+    track_batch_invariant_over_fastest.unit = "ratio"

@@ -1,4 +1,5 @@
-"""Paged attention vs contiguous decode attention, and the serving simulator's metrics per memory policy.
+"""Paged attention vs contiguous decode attention, the cost of batch invariance, and the serving simulator's
+metrics per memory policy.
 
 The paged/contiguous ratio is measured in one process (track_paged_over_contiguous; goal <= 1.25);
 the simulator's track_ values move on the dashboard whenever a policy or a block manager changes.
@@ -7,6 +8,7 @@ the simulator's track_ values move on the dashboard whenever a policy or a block
 import torch
 
 from benchmarks.common import DEVICES, cuda_warm_up, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):
@@ -113,3 +115,30 @@ class ServingSimulator:
         return results[(policy, scenario)].recomputed_tokens
 
     track_recomputed_tokens.unit = "tokens"
+
+
+class BatchInvarianceCost:
+    """The cost of batch invariance: the fixed-order paged kernel (impls/paged_attention/batch_invariant.py)
+    over the fastest registered paged kernel that declares no invariance, on the decode batch above at a
+    1024-token cache, timed in turn within one run (median of 7 rounds' ratios)."""
+
+    params = [DEVICES]
+    param_names = ["device"]
+    timeout = 600
+
+    def setup(self, device):
+        from harness.registry import impls
+
+        self.device = resolve_device(device)
+        _, self.paged = decode_inputs(1024, self.device)
+        self.invariant = resolve_impl("paged_attention", "batch_invariant", self.device).fn
+        others = {i.name: i.fn for i in impls("paged_attention") if not i.caps.batch_invariant
+                  and self.device.type in i.devices and "float32" in i.dtypes}
+        self.other = others[fastest(others, lambda fn: (fn(*self.paged), sync(self.device)))]
+
+    def track_batch_invariant_over_fastest(self, device):
+        """Higher is dearer: 1.0 means invariance is free."""
+        return alternating_ratio(lambda: self.invariant(*self.paged), lambda: self.other(*self.paged),
+                                 device=self.device)
+
+    track_batch_invariant_over_fastest.unit = "ratio"

@@ -1,4 +1,5 @@
-"""Quantization: error, storage and model quality per scheme and bit width; quantized matmul speed.
+"""Quantization: error, storage and model quality per scheme and bit width; quantized matmul speed, and the cost
+of a batch-invariant layer.
 
 track_ metrics are lower-is-better (errors, bits, NLL).  Model metrics need the tiny target's
 weights (harness/models/weights) and skip (n/a) without them.
@@ -7,6 +8,7 @@ weights (harness/models/weights) and skip (n/a) without them.
 import torch
 
 from benchmarks.common import DEVICES, cuda_warm_up, impl_names, require, resolve_device, resolve_impl, sync
+from benchmarks.invariance_cost import alternating_ratio, fastest
 
 
 def setup(*params):
@@ -181,3 +183,32 @@ class ModelNLL:
         return nll_per_token(self.model, self.docs)
 
     track_nll.unit = "nats/token"
+
+
+class BatchInvarianceCost:
+    """The cost of batch invariance: the fixed-order weight-only layer (impls/quantized_linear/batch_invariant.py)
+    over the fastest registered quantized layer that declares no invariance, on 64 tokens of (64, 512) x
+    (2048, 512)^T at 8 bits, timed in turn within one run (median of 7 rounds' ratios)."""
+
+    params = [DEVICES]
+    param_names = ["device"]
+    timeout = 600
+
+    def setup(self, device):
+        from harness.registry import impls
+
+        self.device = resolve_device(device)
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(64, 512, generator=g).to(self.device)
+        self.w = (torch.randn(2048, 512, generator=g) / 23).to(self.device)
+        self.invariant = resolve_impl("quantized_linear", "batch_invariant", self.device).fn
+        others = {i.name: i.fn for i in impls("quantized_linear") if not i.caps.batch_invariant
+                  and self.device.type in i.devices and "float32" in i.dtypes}
+        self.other = others[fastest(others, lambda fn: (fn(self.x, self.w, bits=8), sync(self.device)))]
+
+    def track_batch_invariant_over_fastest(self, device):
+        """Higher is dearer: 1.0 means invariance is free."""
+        return alternating_ratio(lambda: self.invariant(self.x, self.w, bits=8),
+                                 lambda: self.other(self.x, self.w, bits=8), device=self.device)
+
+    track_batch_invariant_over_fastest.unit = "ratio"

@@ -1,4 +1,5 @@
-"""Speculative decoding: enumeration cost, acceptance, tokens per target call, quality, wall-clock speedup.
+"""Speculative decoding: enumeration cost, acceptance, tokens per target call, quality, wall-clock speedup, and
+the cost of a batch-invariant batch form.
 
 Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from harness/drafts.  Ratios
 (speedup, c) are measured within one process, one setup, so that load on a shared machine cancels.
@@ -7,6 +8,7 @@ Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts fr
 import time
 
 from benchmarks.common import DEVICES, require, resolve_device, resolve_impl
+from benchmarks.invariance_cost import alternating_ratio
 
 
 def setup(*params):
@@ -326,3 +328,38 @@ class TimePerToken:
         return inside / tokens * 1e6
 
     track_microseconds_per_token.unit = "us"
+
+
+class BatchInvarianceCost:
+    """The cost of batch invariance for a sampler: 8 prompts sampled together for 32 tokens at gamma 4 from
+    vocabulary-16 order-2 tables (model calls cost nothing, so this is the sampler's own bookkeeping), the
+    batch form with one generator and one draft length per row (impls/speculative/batch_invariant.py) over
+    impls/speculative/batched.py's (one generator and one draft length for the batch), timed in turn within
+    one run (median of 7 rounds' ratios)."""
+
+    params = [["cpu"]]
+    param_names = ["device"]
+    timeout = 300
+
+    def setup(self, device):
+        import torch
+
+        from harness.lm import TableLM, TorchRng
+        from harness.strategies.speculative import probability_table
+
+        require("impls.speculative.batch_invariant")
+        from impls.speculative.batch_invariant import sample_rows
+        from impls.speculative.batched import speculative_batched
+
+        g = torch.Generator().manual_seed(0)
+        target, draft = (TableLM(probability_table(16, 2, 0.3, g)) for _ in range(2))
+        prompts = [[b % 16, (3 * b) % 16] for b in range(8)]
+        kw = dict(gamma=4, max_new_tokens=32)
+        self.invariant = lambda: sample_rows(target, draft, prompts, rngs=[TorchRng(b) for b in range(8)], **kw)
+        self.shared = lambda: speculative_batched(target, draft, prompts, rng=TorchRng(0), **kw)
+
+    def track_batch_invariant_over_fastest(self, device):
+        """Higher is dearer: 1.0 means invariance is free."""
+        return alternating_ratio(self.invariant, self.shared)
+
+    track_batch_invariant_over_fastest.unit = "ratio"

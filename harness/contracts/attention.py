@@ -49,7 +49,7 @@ ATTENTION = define(
         name="attention",
         signature="attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> Tensor",
         summary="exact softmax(q k^T * scale) v with GQA and bottom-right causal alignment",
-        properties=("properties.test_attention", "properties.test_triton_attention"),
+        properties=("properties.test_attention", "properties.test_triton_attention", "properties.test_attention_batch"),
         reference="reference",
         caps=AttentionCaps,
     )

@@ -41,7 +41,7 @@ KVCACHE = define(
         signature="kvcache(model: GPT, max_len: int) -> Decoder with .prefill(prompts: list[LongTensor]) -> "
                   "(B, V) and .step(tokens: LongTensor (B,)) -> (B, V)",
         summary="incremental decoding: prefill ragged prompts, then one token per step, equal to the full forward",
-        properties=("properties.test_kvcache",),
+        properties=("properties.test_kvcache", "properties.test_kvcache_batch"),
         caps=BatchedCaps,
         reference="recompute",
     )

@@ -46,7 +46,8 @@ PAGED_ATTENTION = define(
         signature="paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal: bool = False, "
                   "scale: float | None = None) -> Tensor",
         summary="exact attention over K/V gathered through per-sequence block tables (vLLM PagedAttention)",
-        properties=("properties.test_paged_attention", "properties.test_paged_attention_compiled"),
+        properties=("properties.test_paged_attention", "properties.test_paged_attention_compiled",
+                    "properties.test_paged_attention_batch"),
         reference="",
         caps=PagedAttentionCaps,
     )

@@ -53,7 +53,7 @@ QUANTIZED_LINEAR = define(
         name="quantized_linear",
         signature="quantized_linear(x, w, *, bits: int = 8, calib: Tensor | None = None) -> Tensor",
         summary="x @ w.T with quantized weights (and activations): weight-only, W8A8, LLM.int8(), SmoothQuant",
-        properties=("properties.test_quantized_linear",),
+        properties=("properties.test_quantized_linear", "properties.test_quantized_linear_batch"),
         reference="",
         caps=QuantizedLinearCaps,
     )

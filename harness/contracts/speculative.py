@@ -60,7 +60,7 @@ SPECULATIVE = define(
         name="speculative",
         signature="sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation",
         summary="sampling with a draft model whose output distribution is exactly the target's",
-        properties=("properties.test_speculative",),
+        properties=("properties.test_speculative", "properties.test_speculative_batch"),
         reference="autoregressive",
         caps=SpeculativeCaps,
     )

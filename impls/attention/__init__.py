@@ -5,12 +5,14 @@ every implementation and mutant listed below.
 """
 
 from impls.attention import (  # noqa: F401 - imported to register
+    batch_invariant,
     fa1,
     fa2,
     fa2_lazy,
     fa2_optimistic,
     flex,
     mutants,
+    mutants_batch,
     mutants_splitk,
     naive,
     reference,

@@ -5,9 +5,11 @@ every implementation and mutant listed below.
 """
 
 from impls.kvcache import (  # noqa: F401 - imported to register
+    batch_invariant,
     concat,
     int8,
     mutants,
+    mutants_batch,
     paged,
     recompute,
     static,

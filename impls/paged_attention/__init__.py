@@ -5,8 +5,10 @@ every implementation and mutant listed below.
 """
 
 from impls.paged_attention import (  # noqa: F401 - imported to register
+    batch_invariant,
     blockwise,
     compiled,
     gather,
     mutants,
+    mutants_batch,
 )

@@ -5,8 +5,10 @@ every implementation and mutant listed below.
 """
 
 from impls.quantized_linear import (  # noqa: F401 - imported to register
+    batch_invariant,
     llm_int8,
     mutants,
+    mutants_batch,
     smoothquant,
     w8a8,
     w8a8_emulated,

@@ -7,11 +7,13 @@ every implementation and mutant listed below.
 from impls.speculative import (  # noqa: F401 - imported to register
     adaptive,
     autoregressive,
+    batch_invariant,
     batched,
     cached,
     greedy,
     multidraft,
     mutants,
+    mutants_batch,
     own_rng,
     standard,
 )
