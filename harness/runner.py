@@ -14,6 +14,7 @@ exhaust memory -- becomes a verdict while the others go on.  Progress reaches th
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import re
@@ -110,8 +111,9 @@ def select(props: list[Property], names: list[str] | None) -> list[Property]:
 
 # --- one property, in the current process --------------------------------------------------------------------
 def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None = None,
-                 blob: str | None = None) -> Verdict:
-    """Run one property against one implementation here; ``blob`` replays a failure Hypothesis printed."""
+                 blob: str | None = None, shrink: bool = True) -> Verdict:
+    """Run one property against one implementation here; ``blob`` replays a failure Hypothesis printed.
+    ``shrink=False`` reports the first failing example as found (a mutant's kill needs no minimal example)."""
     reason = prop.skip_reason(impl)
     if reason:
         return Verdict(impl.name, prop.name, "skip", message=reason)
@@ -121,7 +123,8 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
     start = time.perf_counter()
     known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
     try:
-        prop.fn(impl=impl)
+        with _shrinking(prop.fn, shrink):
+            prop.fn(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
         verdict = Verdict(
             impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
@@ -140,6 +143,25 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
                        message=f"the recorded upstream failure of {known.library} {known.version} no longer reproduces "
                                f"with {_installed(known.library)}: {known.what}; update or remove the record")
     return Verdict(impl.name, prop.name, "pass", seconds=time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _shrinking(fn: Callable, shrink: bool) -> Iterator[None]:
+    """Without ``shrink``, a @given property runs without Hypothesis's shrink and explain phases: shrinking a
+    mutant's failure replays hundreds of variations (minutes for a model-sized example) to learn nothing the
+    kill needs.  A state machine (no @given settings on ``fn``) runs as it is."""
+    current = getattr(fn, "_hypothesis_internal_use_settings", None)
+    if shrink or current is None:
+        yield
+        return
+    from hypothesis import Phase, settings
+
+    fn._hypothesis_internal_use_settings = settings(
+        current, phases=[p for p in current.phases if p not in (Phase.shrink, Phase.explain)])
+    try:
+        yield
+    finally:
+        fn._hypothesis_internal_use_settings = current
 
 
 def _installed(library: str) -> str:
@@ -343,12 +365,12 @@ def _info(impl: Impl) -> dict:
 
 
 def verdicts_of(impl: Impl, props: list[Property], *, profile: str, plugin: str | None = None,
-                blob: str | None = None) -> Iterator[Verdict]:
+                blob: str | None = None, shrink: bool = True) -> Iterator[Verdict]:
     """Each property's verdict, in order, run here (in a child, each announced to the parent first)."""
     _, offset = isolation.output_since(0)
     for prop in props:
         isolation.send("start", prop.name)
-        verdict = run_property(prop, impl, profile=profile, plugin=plugin, blob=blob)
+        verdict = run_property(prop, impl, profile=profile, plugin=plugin, blob=blob, shrink=shrink)
         verdict.output, offset = isolation.output_since(offset)
         isolation.send("verdict", verdict)
         yield verdict
@@ -358,7 +380,7 @@ def kill_mutant(mutant: Impl, props: list[Property], *, profile: str, all_proper
     """The mutant's declared killers first; without ``all_properties``, stop at the first that kills it."""
     ordered = sorted(props, key=lambda p: p.name not in mutant.killed_by)
     verdicts = []
-    for verdict in verdicts_of(mutant, ordered, profile=profile):
+    for verdict in verdicts_of(mutant, ordered, profile=profile, shrink=False):
         verdicts.append(verdict)
         if not all_properties and verdict.status == "FAIL" and verdict.property in mutant.killed_by:
             break
