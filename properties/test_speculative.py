@@ -47,12 +47,7 @@ def enumerate_impl(impl, target, draft, prompt, *, gamma, T, eos=None, timeout_s
     or the sampler declares markov=False."""
     merge = impl.cap("markov", True) if merge is None else merge
     return guarded_call(exact_distribution, impl.fn, target, draft, list(prompt), gamma=gamma, T=T, eos=eos,
-                        merge=merge, catch_up=catch_up(impl), timeout_s=timeout_s, hang_owner=impl.fn)
-
-
-def catch_up(impl) -> bool:
-    """Calls between the verify call and the round's last draw are the round's own (a draft catching up)."""
-    return impl.cap("catch_up_calls", False)
+                        merge=merge, timeout_s=timeout_s, hang_owner=impl.fn)
 
 
 def assert_same_distribution(got: dict, truth: dict, what: str) -> None:
@@ -177,7 +172,7 @@ def test_tokens_per_call_matches_formula(impl, pair):
     min(A, K) + 1 where gamma drafts would emit A + 1, run by run: between 1 and the formula on average."""
     target, draft = pair.models()
     rounds = guarded_call(first_round, impl.fn, target, draft, [0], gamma=pair.gamma, budget=pair.gamma + 1,
-                          catch_up=catch_up(impl), timeout_s=ENUMERATION_LIMIT_S, hang_owner=impl.fn)
+                          timeout_s=ENUMERATION_LIMIT_S, hang_owner=impl.fn)
     calls = {c for (_, c), prob in rounds.items() if prob > 0}
     assert calls == {1}, f"{impl.name}: a round made {calls} target calls, expected exactly 1"
     a = acceptance_rate(target.table, draft.table)
@@ -201,8 +196,7 @@ def test_draft_equal_to_target_accepts_everything(impl, data):
     case = data.draw(speculative_cases(max_gamma=3, width=impl.cap("draft_width", 1)), label="case")  # V^gamma runs
     target, _ = case.models()
     rounds = guarded_call(first_round, impl.fn, target, target, list(case.prompt), gamma=case.gamma,
-                          budget=case.gamma + 1, catch_up=catch_up(impl), timeout_s=ENUMERATION_LIMIT_S,
-                          hang_owner=impl.fn)
+                          budget=case.gamma + 1, timeout_s=ENUMERATION_LIMIT_S, hang_owner=impl.fn)
     full = sum(prob for (emitted, calls), prob in rounds.items() if calls == 1 and (
         emitted == case.gamma + 1 or impl.cap("adaptive_gamma")))
     assert full >= 1 - FLOAT64_IDENTITY, f"{impl.name}: with draft = target the first round gave {rounds}"

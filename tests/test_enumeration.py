@@ -76,18 +76,16 @@ def catching_up(target, draft, prompt, **kw):
 
 @given(case=speculative_cases(max_T=3))
 def test_catch_up_calls_are_part_of_their_round(case):
-    """A sampler calling its draft between the verify call and the round's last draw: declared (catch_up),
-    its rounds are merged at the right place and the first round makes one target call; undeclared, its runs
-    are played out.  Both equal the run-by-run distribution."""
+    """A sampler calling its draft between the verify call and the round's last draw, undeclared: its rounds
+    end where the next target call says (merged equals run by run), and the first round makes one target call."""
     target, draft = case.models()
     kw = dict(gamma=case.gamma, T=case.T, eos=case.eos)
     whole = exact_distribution(catching_up, target, draft, list(case.prompt), merge=False, **kw).dist
-    for catch_up in (True, False):
-        merged = exact_distribution(catching_up, target, draft, list(case.prompt), catch_up=catch_up, **kw)
-        err, where = max_difference(merged.dist, whole)
-        assert err <= FLOAT64_IDENTITY, f"catch_up={catch_up}: merged and run-by-run differ at {where} by {err:.3g}"
+    merged = exact_distribution(catching_up, target, draft, list(case.prompt), **kw)
+    err, where = max_difference(merged.dist, whole)
+    assert err <= FLOAT64_IDENTITY, f"merged and run-by-run differ at {where} by {err:.3g}"
     rounds = first_round(catching_up, target, draft, list(case.prompt), gamma=case.gamma, budget=case.gamma + 1,
-                         eos=case.eos, catch_up=True)
+                         eos=case.eos)
     assert {calls for (_, calls), prob in rounds.items() if prob > 0} == {1}, f"first round: {rounds}"
 
 
@@ -115,7 +113,7 @@ def test_batched_rows_are_independent_and_exact(case, other):
     assert abs(sum(got.values()) - 1) <= FLOAT64_IDENTITY
 
 
-@pytest.mark.parametrize("rng", [TorchRng(0), ReplayRng([], [])], ids=["torch", "replay"])
+@pytest.mark.parametrize("rng", [TorchRng(0), ReplayRng([])], ids=["torch", "replay"])
 def test_rng_rejects_bad_probabilities(rng):
     for bad in ([0.5, 0.6], [-0.5, 1.5], [float("nan"), 1.0]):
         with pytest.raises(ValueError, match="rng.categorical"):
