@@ -189,7 +189,7 @@ class _Run:
     __slots__ = ("prompt", "cut", "rng", "target_calls", "seen", "drafted")
 
     def __init__(self) -> None:
-        self.drafted = 0  # the most positions (drafts and bonus) a round's target call verified past its budget
+        self.drafted = (0, 0)  # (k, budget) of the round that drafted the furthest past its budget (k >= budget)
 
     def start(self, prompt: tuple[int, ...], cut: bool, rng: ReplayRng) -> None:
         self.prompt, self.cut, self.rng, self.target_calls, self.seen = prompt, cut, rng, 0, {}
@@ -205,7 +205,8 @@ class _Run:
                 self.boundary(xs, n)
         elif is_target:
             k = max(len(x) for x in xs) - len(self.prompt)  # the drafts a first target call verifies
-            self.drafted = max(self.drafted, k + 1 - budget)
+            if k >= budget and k - budget >= self.drafted[0] - self.drafted[1]:
+                self.drafted = (k, budget)
         if is_target:
             self.target_calls = calls + 1
 
@@ -382,12 +383,11 @@ class _Deadline:
 
     def check(self, enumerator: _Enumerator) -> None:
         wall = time.perf_counter() - self.start
-        if wall >= self.next_note or (self.limit is not None and wall >= self.limit):
-            note = enumerator.note(self.name, wall)
-            if self.limit is not None and wall >= self.limit:
-                raise EnumerationTooSlow(f"enumeration stopped at its deadline of {self.limit:g} s: {note}")
-            print(f"enumeration note: {note}", file=sys.stderr, flush=True)
-            self.next_note *= 2
+        if wall >= self.next_note:
+            print(f"enumeration note: {enumerator.note(self.name, wall)}", file=sys.stderr, flush=True)
+            self.next_note = 2 * max(self.next_note, wall)
+        if self.limit is not None and wall >= self.limit:
+            raise EnumerationTooSlow(f"stopped at its deadline ({self.limit:g} s): {enumerator.note(self.name, wall)}")
 
 
 class _Enumerator:
@@ -417,16 +417,16 @@ class _Enumerator:
         return self.misses() + self.worker_calls
 
     def note(self, name: str, wall: float) -> str:
+        """Where the time went so far, and the usual cause of a slow enumeration if this one shows it."""
         split = self.clock.split(wall)
         where = f" (summed over {self.pool.n} workers and this process)" if self.pool.started else ""
-        text = (f"{name} has run {wall:.0f} s ({self.runs:,} sampler runs, {len(self.rounds):,} round states): "
-                f"the sampler's own code {split['sampler']:.1f} s, model calls {split['models']:.1f} s, the "
-                f"enumerator {split['enumerator']:.1f} s{where}")
-        if self.run.drafted > 0:
-            text += (f"; hint: its rounds drafted up to {self.run.drafted} token(s) past max_new_tokens (k drafts "
-                     "and the bonus where fewer tokens can be emitted): they are never emitted, but each "
-                     f"multiplies the branches to enumerate by up to V = {self.vocab_size}; draft at most "
-                     "max_new_tokens - len(out) - 1 tokens")
+        text = (f"{name}: {wall:.0f} s, {self.runs:,} sampler runs, {len(self.rounds):,} round states done; the "
+                f"sampler's own code {split['sampler']:.1f} s, model calls {split['models']:.1f} s, the enumerator "
+                f"{split['enumerator']:.1f} s{where}")
+        if self.run.drafted[0]:
+            text += (f"; hint: a round drafted {self.run.drafted[0]} token(s) with {self.run.drafted[1]} left to emit "
+                     f"(a draft or bonus past max_new_tokens is never emitted but multiplies the branches by up to "
+                     f"V = {self.vocab_size}): draft at most max_new_tokens - len(out) - 1")
         return text
 
     def set_budget(self, budget: int) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from harness.enumeration import ReplayRng, exact_distribution, explore, first_round, max_difference
 from harness.lm import Counted, TableLM, Tempered, TorchRng
 from harness.references.speculative import autoregressive_distribution
-from harness.strategies.speculative import speculative_cases
+from harness.strategies.speculative import probability_table, speculative_cases
 from harness.tolerance import FLOAT64_IDENTITY
 from impls.speculative.batched import speculative_batched
 from impls.speculative.standard import speculative
@@ -148,3 +148,25 @@ def test_torch_rng_draws_follow_the_probabilities(seed, V, zeros):
     rng = TorchRng(seed)
     fit = goodness_of_fit([int(rng.categorical(p)) for _ in range(sample_size(len(exact)))], exact)
     assert not fit.rejected, f"TorchRng({seed}).categorical({p.tolist()}): {fit.describe()}"
+
+
+def overdraft(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+    """Drafts gamma tokens whatever the budget (the tokens past it are cut off): exact, slow to enumerate."""
+    tokens = speculative(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens + gamma, rng=rng,
+                         eos=eos).tokens
+    return tokens[:max_new_tokens]
+
+
+def test_a_slow_enumeration_says_where_its_time_went(monkeypatch, capsys):
+    """Past NOTE_AFTER_S a note on stderr splits the time (sampler, models, enumerator) and names drafts past the
+    budget; past the deadline the same text stops the enumeration as EnumerationTooSlow."""
+    import harness.enumeration as enumeration
+
+    target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
+    monkeypatch.setattr(enumeration, "NOTE_AFTER_S", 0.0)
+    with pytest.raises(enumeration.EnumerationTooSlow, match="stopped at its deadline") as raised:
+        exact_distribution(overdraft, target, draft, [0], gamma=3, T=2, workers=1, deadline_s=0.0)
+    for says in ("the sampler's own code", "model calls", "the enumerator", "a round drafted 3 token(s) with",
+                 "draft at most max_new_tokens - len(out) - 1"):
+        assert says in str(raised.value), f"{says!r} missing from: {raised.value}"
+    assert "enumeration note: overdraft" in capsys.readouterr().err

@@ -3,29 +3,44 @@
     sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation
 
 * target, draft: language models (`harness.lm.LM`): ``lm(prefixes, n) -> (B, n, V)`` float64 next-token
-  distributions for the last n positions of each prefix; temperature is already applied (`Tempered`).
-  draft may be None for samplers that need none (plain autoregressive sampling).
-* prompt: a non-empty list of token ids; gamma >= 1 draft tokens per round; at most max_new_tokens
-  tokens are generated, fewer when eos is generated (it is included).
+  distributions for the last n positions of each prefix (prefixes: lists of int token ids); temperature
+  is already applied (`Tempered`).  draft may be None for samplers that need none (plain autoregressive
+  sampling, ``caps={"draft": False}``).
+* prompt: a non-empty list of token ids, left unchanged; gamma >= 1 draft tokens per round; at most
+  max_new_tokens tokens are generated, fewer when eos is generated (it is included).
 * rng (`harness.lm.Rng`): the only source of randomness -- ``rng.categorical(probs)``,
   ``rng.bernoulli(probs)`` -- so `harness.enumeration` can compute the exact output distribution.
   A sampler that draws from torch's RNG itself declares ``caps={"rng": "own"}`` and is checked
   statistically instead.
+* Rounds.  A round starts with a model call on the prompt plus the tokens emitted so far, drafts k <= gamma
+  tokens and verifies them in one target call that scores the k drafts and the position before them:
+  ``target([prompt + out + drafts], n=k + 1)`` (the first round's call may score more positions, as a KV
+  cache filling on the prompt does).  The enumeration reads where a round ends off that call: the next
+  round's target call names the tokens emitted before it, whatever the kind of the round's last draw (a
+  categorical, or a Bernoulli chain).  A call that scores other positions is never mistaken for a round's
+  end; the runs are then played out (exact, but slow).
+* The round's last draw is emitted as drawn: a round whose last choice is a categorical over the vocabulary
+  and emits its token would have emitted any other token of that draw in its place, with the same
+  tokens before it (the enumeration runs two of its outcomes, and eos, and settles the rest from them).
 * Rounds depend only on the tokens so far (no state carried between rounds), so a sampler restarted
   from prompt + the tokens it emitted continues as it would have; declare ``caps={"markov": False}``
-  otherwise.  A sampler that calls a model between its verify call and the draw of the round's last
-  token (a cached draft catching up on the drafted tokens), and whose every round ends with that draw,
-  declares ``caps={"catch_up_calls": True}``: without it the enumeration cannot tell such a call from
-  the start of a round that drew no last token, and plays every run out (exact, but slow).  A sampler
-  that drafts fewer than gamma tokens where it likes (stopping when the draft is unsure) declares
-  ``caps={"adaptive_gamma": True}``: tokens per call is then bounded by the fixed-gamma formula, not
-  equal to it.
-* Returns a `Generation` (or a plain list of tokens): the tokens and one `Round` per round.
+  otherwise (enumerated run by run, every round played out).  A sampler that drafts fewer than gamma
+  tokens where it likes (stopping when the draft is unsure) declares ``caps={"adaptive_gamma": True}``.
+* The bonus rule (efficiency, part of the contract): a round that accepts all its k drafts also emits a
+  bonus token from the target's next row, k + 1 tokens for one target call, so that tokens per call is
+  the formula (1 - a^(k+1)) / (1 - a) of Leviathan et al. 2023, section 3.1.  A sampler that never takes
+  the bonus is exact but breaks this rule: tokens_per_call_matches_formula and
+  draft_equal_to_target_accepts_everything fail, naming it, and so does round_records_add_up once a drawn
+  case has a round before the last that accepts all its drafts.  (A round may stop at max_new_tokens or
+  at eos without a bonus.)
+* Returns a `Generation` (tokens and one `Round` per round: drafted, accepted, target_calls), or a plain
+  list of tokens, which means "no round records": round_records_add_up then skips, saying so.
 * Bad input -- gamma < 1, models with different vocabularies, an empty prompt, distributions that are
   negative, NaN or do not sum to one -- raises ValueError naming the argument (`check_inputs`,
   `validated`).
 
 The output distribution must equal the target's autoregressive distribution, whatever the draft.
+docs/examples/speculative_sampler.py is a complete sampler written against this contract.
 """
 
 from __future__ import annotations
