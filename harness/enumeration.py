@@ -24,8 +24,12 @@ False}`` and is enumerated run by run (``merge=False``: no cut, no prediction).
 The round's last draw is emitted as drawn (the contract's other clause): when the last choice of a round
 is a categorical over the vocabulary whose token ends the round's tokens, the round would have emitted the
 same tokens with any other token in its place.  One more of its outcomes is run to confirm it (its
-tokens, target calls and choices must follow the pattern), an eos outcome is always run, and the others
-are settled without a run: 65 outcomes of a tiny-model bonus draw cost 2 runs instead of 65.
+tokens, target calls and choices must follow the pattern; once per round state, last-draw position, tokens
+before it and weights: the residual after rejecting x_1 is the same whatever x_2 was), an eos outcome is
+always run, and the others are settled without a run, as a vector over the vocabulary per head: 65
+outcomes of a tiny-model bonus draw cost 2 runs instead of 65.  The eos run and the confirming run keep the
+prediction honest for samplers that stop, truncate or drop a draw; the run-by-run mode has no prediction at
+all and is what the properties compare with on small cases.
 
 Parallel: branches and round states are independent, so past ``parallel_after_runs`` runs (an enumeration
 big enough to pay for a fork) the pending branches of the current round, then the round states it leads
@@ -37,9 +41,12 @@ Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on
 into the sampler's own code, model calls and the enumerator, and names drafts past the budget, the usual
 cause; past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow` error.
 
-The tiny target with the good draft, gamma 2, T 3: 709,796 runs over 1,970 round states before rounds
-were cut at target calls and last draws settled without runs (19-29 s on two shared cores); see
-`bench_speculative.EnumerationGoal` for the numbers now.
+The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs and
+19-29 s on two shared cores when a round ended at the first call ending in its last categorical draw and
+every outcome was a run; 22,475 runs (687,321 outcomes settled) and 2-3 s now
+(`bench_speculative.EnumerationGoal`).  Of the time, about 45% is the sampler's own code (its tensor
+indexing), 25% the target's and draft's forward passes, 30% the enumerator (half of it building the
+274,625-entry distribution).
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ NOTE_AFTER_S = 30.0  # an enumeration running longer prints where its time went
 
 class ReplayRng:
     """Follows `path`; at each new choice takes the first possible outcome and records the choice in `new`
-    as (weights, options, chosen, token_row): the caller pushes the alternatives once the run has ended and
+    as (weights, chosen, token_row): the caller pushes the alternatives once the run has ended and
     it knows which choices were the round's.  A replayed choice is a list lookup: no tensor is read until
     the run goes past its recorded path.  ``eos`` is taken last among a token row's outcomes (a run that
     ends the document tells nothing about the others); ``vocab_size`` marks a row of token probabilities.
@@ -81,12 +88,12 @@ class ReplayRng:
         self.seconds = 0.0  # spent in this rng's draws: the enumerator's share of a run
 
     def _choose(self, weights: list[float], token_row: bool) -> int:
-        """A choice past the recorded path: take the first possible outcome, record the others."""
-        options = [i for i, w in enumerate(weights) if w > 0]
-        chosen = options[0]
-        if token_row and chosen == self.eos and len(options) > 1:
-            chosen = options[1]
-        self.new.append((weights, options, chosen, token_row))
+        """A choice past the recorded path: take the first possible outcome, record the choice (its other
+        outcomes are listed only if the run turns out to own it: a round-two draw is never branched)."""
+        chosen = next(i for i, w in enumerate(weights) if w > 0)
+        if token_row and chosen == self.eos:
+            chosen = next((i for i, w in enumerate(weights) if w > 0 and i != chosen), chosen)
+        self.new.append((weights, chosen, token_row))
         self.depth += 1
         return chosen
 
@@ -154,8 +161,8 @@ def push_alternatives(stack: list, path: list[int], prob: float, new: list, upto
     """Push the alternatives of the first ``upto`` new choices of a run along ``path`` (probability ``prob``
     so far); return the probability of the run's own choices."""
     taken = list(path)
-    for weights, options, chosen, _ in new[:upto]:
-        stack.extend((taken + [o], prob * weights[o], None) for o in reversed(options) if o != chosen)
+    for weights, chosen, _ in new[:upto]:
+        stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights) if w > 0 and o != chosen)
         taken.append(chosen)
         prob *= weights[chosen]
     return prob
@@ -264,8 +271,22 @@ class _Model:
         missing = [s for s in siblings if (s, n) not in self.cache]
         self.misses += 1
         scored = self.lm([list(s) for s in missing], n)  # (len(missing), n, V)
-        self.cache.update(((s, n), scored[i : i + 1]) for i, s in enumerate(missing))
+        rows = [scored[i : i + 1] for i in range(len(missing))]  # (1, n, V) each
+        if _distributions(scored, self.vocab_size):  # checked here at once, not row by row by `validated`
+            for row in rows:
+                row.checked_distribution = True
+        self.cache.update(zip(((s, n) for s in missing), rows, strict=True))
         self.clock.models += time.perf_counter() - start
+
+
+def _distributions(p, vocab_size: int) -> bool:
+    """Whether every row of p (B, n, V) is a distribution over vocab_size ids (a sampler's `validated` then
+    skips its own check of each row, which costs more than the whole batch's here)."""
+    if not (isinstance(p, torch.Tensor) and p.dtype == torch.float64 and p.device.type == "cpu" and p.dim() == 3
+            and p.shape[-1] == vocab_size and p.numel() and not p.requires_grad):
+        return False
+    a = p.numpy()
+    return bool(a.min() >= 0 and np.abs(a.sum(-1) - 1).max() <= PROBABILITY_SUM)
 
 
 @dataclass
@@ -320,7 +341,7 @@ def tokens_of(generation) -> list[int]:
     return list(getattr(generation, "tokens", generation))
 
 
-PARALLEL_AFTER_RUNS = 20_000  # ~1 s of runs: below this a fork (and each worker's cold memo) costs more than it saves
+PARALLEL_AFTER_RUNS = 2_000  # ~0.2 s of runs: below this a fork and the workers' cold memos cost more than they save
 MAX_WORKERS = 8
 
 
@@ -364,7 +385,7 @@ def exact_distribution(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
-        result = dict(enumerator.dist(tuple(prompt), T))
+        result = expanded(*enumerator.dist(tuple(prompt), T))
     finally:
         torch.set_num_threads(threads)
         enumerator.close()
@@ -475,12 +496,12 @@ class _Enumerator:
             self.confirmed(found, budget, path, confirm, mine == 0 and (done, tokens, calls) == (
                 was_done, head + (path[-1],), was_calls), stack)
         last = new[mine - 1] if mine and self.merge else None
-        if last is not None and last[3] and tokens and tokens[-1] == last[2] != self.eos and (
+        if last is not None and last[2] and tokens and tokens[-1] == last[1] != self.eos and (
                 not done or len(tokens) >= budget):
             prob = push_alternatives(stack, path, prob, new, mine - 1)
-            weights, options, chosen, _ = last
-            taken = list(path) + [c for _, _, c, _ in new[: mine - 1]]
-            if self.eos in options and self.eos != chosen:
+            weights, chosen, _ = last
+            taken = list(path) + [c for _, c, _ in new[: mine - 1]]
+            if self.eos is not None and self.eos != chosen and weights[self.eos] > 0:
                 stack.append((taken + [self.eos], prob * weights[self.eos], None))
             self.record(found, budget, done, tokens, prob * weights[chosen], calls)
             pattern = (depth, done, tokens[:-1], calls, tuple(weights))
@@ -488,11 +509,12 @@ class _Enumerator:
             if agreed:  # this draw's pattern, from this head, was confirmed by a run already
                 self.fold(found, budget, pattern, prob, (chosen, self.eos))
                 return
-            second = next((o for o in options if o != chosen and o != self.eos), None)
+            second = next((o for o, w in enumerate(weights) if w > 0 and o != chosen and o != self.eos), None)
             if second is None:
                 return
             if agreed is False:  # the pattern failed before: every outcome is run
-                stack.extend((taken + [o], prob * weights[o], None) for o in options if o not in (chosen, self.eos))
+                stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights)
+                             if w > 0 and o not in (chosen, self.eos))
                 return
             self.patterns.setdefault(pattern, None)
             stack.append((taken + [second], prob * weights[second], (pattern, prob, (chosen, self.eos, second))))
@@ -585,20 +607,26 @@ class _Enumerator:
             level = list(dict.fromkeys((ctx + t, budget - len(t)) for ctx, budget in level
                                        for t in rounds[(ctx, budget)].cut if (ctx + t, budget - len(t)) not in rounds))
 
-    def dist(self, ctx: tuple[int, ...], budget: int) -> dict:
+    def dist(self, ctx: tuple[int, ...], budget: int) -> tuple[dict, dict]:
+        """The distribution from round state (ctx, budget) as (outputs -> P, head -> P(head + (o,)) over o):
+        composed with vector adds where a last draw's outcomes were settled together."""
         if (ctx, budget) in self.table:
             return self.table[(ctx, budget)]
         found = self.round_of(ctx, budget)
-        out = found.out  # composed in place: a round's own outcomes are read only here
+        out, groups = found.out, found.out_groups  # composed in place: a round's own outcomes are read only here
         if found.cut and self.pool.started:
             self.prefetch([(ctx + t, budget - len(t)) for t in found.cut])
         # Composed once per distinct round outcome, not once per run: thousands of runs (the drafts a
         # rejection discards) end in the same tokens, and each would otherwise walk the whole sub-distribution.
         for tokens, prob in found.cut.items():
-            for tail, q in self.dist(ctx + tokens, budget - len(tokens)).items():
+            tails, tail_groups = self.dist(ctx + tokens, budget - len(tokens))
+            for tail, q in tails.items():
                 out[tokens + tail] += prob * q
-        self.table[(ctx, budget)] = out
-        return out
+            for head, rest in tail_groups.items():
+                key = tokens + head
+                groups[key] = groups[key] + prob * rest if key in groups else prob * rest
+        self.table[(ctx, budget)] = out, groups
+        return out, groups
 
     def close(self) -> None:
         self.bar.close()
@@ -614,15 +642,17 @@ class _Round:
         self.cut: dict[tuple[int, ...], float] = defaultdict(float)
         self.calls: dict[tuple[int, int], float] = defaultdict(float)
         self.groups: dict[tuple[bool, tuple[int, ...]], np.ndarray] = {}  # (finished, head) -> P(head + (o,)), (V,)
+        self.out_groups: dict[tuple[int, ...], np.ndarray] = {}  # finished ones, once expanded
         self.runs = 0
 
     def expand(self) -> None:
-        """Fold the settled last draws into the outcomes: head + (o,) for every o of non-zero probability."""
+        """Settled last draws: a cut one's outcomes become cuts of their own (each leads to its own round state),
+        a finished one's stay one vector per head, composed as vectors."""
         for (finished, head), rest in self.groups.items():
-            into = self.out if finished else self.cut
-            tokens = np.flatnonzero(rest)
-            for o, prob in zip(tokens.tolist(), rest[tokens].tolist(), strict=True):
-                into[head + (o,)] += prob
+            if finished:
+                self.out_groups[head] = self.out_groups[head] + rest if head in self.out_groups else rest
+            else:
+                add_vector(self.cut, head, rest)
         self.groups.clear()
 
     def add(self, other: _Round) -> None:
@@ -733,6 +763,21 @@ def check_output(tokens: list, budget: int, vocab_size: int, given: list, prompt
 
 
 _INT = {int}
+
+
+def add_vector(into: dict, head: tuple[int, ...], rest: np.ndarray) -> None:
+    """into[head + (o,)] += rest[o] for every o of non-zero probability."""
+    tokens = np.flatnonzero(rest)
+    for o, prob in zip(tokens.tolist(), rest[tokens].tolist(), strict=True):
+        into[head + (o,)] += prob
+
+
+def expanded(out: dict, groups: dict) -> dict[tuple[int, ...], float]:
+    """A distribution as one dict: the outputs and every head + (o,) of the groups."""
+    result = defaultdict(float, out)
+    for head, rest in groups.items():
+        add_vector(result, head, rest)
+    return dict(result)
 
 
 def max_difference(a: dict, b: dict) -> tuple[float, Hashable]:
