@@ -478,15 +478,15 @@ class _Enumerator:
             clock.runs += time.perf_counter() - start
             clock.draws += rng.seconds
             found.runs += 1
-            self.settle(found, ctx, budget, path, prob, confirm, rng.new, done, tokens, depth, calls, stack)
+            self.settle(found, budget, path, prob, confirm, rng.new, done, tokens, depth, calls, stack)
             if after_run is not None:
                 after_run(found, (ctx, budget), stack)
         return found
 
-    def settle(self, found: _Round, ctx, budget: int, path: list[int], prob: float, confirm, new: list, done: bool,
+    def settle(self, found: _Round, budget: int, path: list[int], prob: float, confirm, new: list, done: bool,
                tokens: tuple[int, ...], depth: int, calls: int, stack: list) -> None:
-        """Record a run's outcome and push the alternatives of its round's new choices; a round's last draw
-        whose token ends the round's tokens settles the draw's other outcomes (after one confirming run)."""
+        """Record a run's outcome and push the alternatives of its round's new choices (its first ``depth``
+        choices are the round's)."""
         if depth < len(path):
             raise AssertionError(f"the sampler made {depth} random choices when replayed along {len(path)}: its "
                                  "draws must depend only on the tokens and its rng (declare caps rng='own' otherwise)")
@@ -499,27 +499,37 @@ class _Enumerator:
         if last is not None and last[2] and tokens and tokens[-1] == last[1] != self.eos and (
                 not done or len(tokens) >= budget):
             prob = push_alternatives(stack, path, prob, new, mine - 1)
-            weights, chosen, _ = last
             taken = list(path) + [c for _, c, _ in new[: mine - 1]]
-            if self.eos is not None and self.eos != chosen and weights[self.eos] > 0:
-                stack.append((taken + [self.eos], prob * weights[self.eos], None))
-            self.record(found, budget, done, tokens, prob * weights[chosen], calls)
-            pattern = (depth, done, tokens[:-1], calls, tuple(weights))
-            agreed = self.patterns.get(pattern, None)
-            if agreed:  # this draw's pattern, from this head, was confirmed by a run already
-                self.fold(found, budget, pattern, prob, (chosen, self.eos))
-                return
-            second = next((o for o, w in enumerate(weights) if w > 0 and o != chosen and o != self.eos), None)
-            if second is None:
-                return
-            if agreed is False:  # the pattern failed before: every outcome is run
-                stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights)
-                             if w > 0 and o not in (chosen, self.eos))
-                return
-            self.patterns.setdefault(pattern, None)
-            stack.append((taken + [second], prob * weights[second], (pattern, prob, (chosen, self.eos, second))))
+            self.last_draw(found, budget, taken, prob, last, (depth, done, tokens[:-1], calls), stack)
+        else:
+            self.record(found, budget, done, tokens, push_alternatives(stack, path, prob, new, mine), calls)
+
+    def last_draw(self, found: _Round, budget: int, taken: list[int], prob: float, last: tuple, shape: tuple,
+                  stack: list) -> None:
+        """The round's last draw (a token row, after the choices ``taken``, at probability ``prob``) emitted
+        its token: record this outcome, push a run of eos, and settle the others -- at once if this pattern
+        (``shape``: the round's depth, done, the tokens before the draw, target calls; and the draw's weights)
+        was confirmed, else after a run of a second outcome confirms it."""
+        weights, chosen, _ = last
+        depth, done, head, calls = shape
+        eos = self.eos
+        if eos is not None and eos != chosen and weights[eos] > 0:
+            stack.append((taken + [eos], prob * weights[eos], None))
+        self.record(found, budget, done, head + (chosen,), prob * weights[chosen], calls)
+        pattern = (*shape, tuple(weights))
+        agreed = self.patterns.get(pattern)
+        if agreed:
+            self.fold(found, budget, pattern, prob, (chosen, eos))
             return
-        self.record(found, budget, done, tokens, push_alternatives(stack, path, prob, new, mine), calls)
+        second = next((o for o, w in enumerate(weights) if w > 0 and o != chosen and o != eos), None)
+        if second is None:
+            return
+        if agreed is False:  # the pattern failed before: every outcome is run
+            stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights)
+                         if w > 0 and o not in (chosen, eos))
+            return
+        self.patterns.setdefault(pattern, None)
+        stack.append((taken + [second], prob * weights[second], (pattern, prob, (chosen, eos, second))))
 
     def confirmed(self, found: _Round, budget: int, path: list[int], confirm, agrees: bool, stack: list) -> None:
         """The run of a last draw's second outcome ended: settle the others as its pattern says if it agrees,
