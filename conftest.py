@@ -1,15 +1,14 @@
-"""pytest glue: Hypothesis profiles, and `impl` parametrized over the registry.
+"""This project's own pytest runs: Hypothesis profiles by their plain names, one thread per xdist worker.
 
-Choose a profile with ``--hypothesis-profile dev|ci|thorough`` (default: dev, or ci when CI is set).
-A test that takes ``impl`` is parametrized over every registered non-mutant implementation of the
-module's TECHNIQUE; where it does not apply (a dtype or device not declared, an asymmetric quantizer
-for the absmax round trip...) the case is a visible skip with the reason, as `harness check` reports it
-(`pytest -rs` lists them).  Mutants are exercised by tests/test_mutants.py.
+Choose a profile with ``--hypothesis-profile dev|ci|thorough`` (default: dev, or ci when CI is set).  A test
+taking ``impl`` is parametrized over the registry by the harness's pytest plugin (harness/pytest_plugin.py,
+loaded through its ``pytest11`` entry point); where a property does not apply (a dtype or device not declared,
+an asymmetric quantizer for the absmax round trip...) the case is a visible skip with the reason, as
+`harness check` reports it (`pytest -rs` lists them).  Mutants are exercised by tests/test_mutants.py.
 """
 
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -19,7 +18,6 @@ if not torch.cuda.is_available():
 from hypothesis import settings
 
 from harness.profiles import register_profiles
-from harness.registry import impls
 
 register_profiles()
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
@@ -28,16 +26,3 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each xdist worker gets one intra-op thread: two workers x two OpenMP threads on two cores
     # spin-wait on each other (a 0.2 s call took 8 s that way).
     torch.set_num_threads(1)
-
-
-def pytest_generate_tests(metafunc):
-    if "impl" not in metafunc.fixturenames:
-        return
-    from harness.runner import Property
-
-    prop = Property(metafunc.function.__name__, metafunc.function, metafunc.module.__name__)
-    cases = []
-    for impl in impls(metafunc.module.TECHNIQUE):
-        reason = prop.skip_reason(impl)
-        cases.append(pytest.param(impl, id=impl.name, marks=[pytest.mark.skip(reason=reason)] if reason else []))
-    metafunc.parametrize("impl", cases)

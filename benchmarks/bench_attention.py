@@ -100,7 +100,7 @@ class SdpaRatio:
         g = torch.Generator().manual_seed(0)
         self.qkv = [torch.randn(1, 8, 2048, 64, generator=g).to(self.device) for _ in range(3)]
         runnable = [impl for impl in map(self._runnable, IMPLS) if impl is not None]
-        self.tiled = {impl.name: impl.fn for impl in runnable if impl.cap("tiled")}
+        self.tiled = {impl.name: impl.fn for impl in runnable if impl.caps.tiled}
         self.sdpa = resolve_impl("attention", "sdpa", self.device).fn
 
     def _runnable(self, name):
@@ -164,11 +164,8 @@ class FlexCompiled:
         self.qkv = [torch.randn(1, 8, 2048, 64, generator=g).to(self.device) for _ in range(3)]
         self.sdpa = resolve_impl("attention", "sdpa", self.device).fn
         try:
-            from torch.nn.attention.flex_attention import flex_attention
-
-            from impls.attention.flex import flex_call
-
-            self.flex = functools.partial(flex_call, scale=None, attention=torch.compile(flex_attention))
+            flex = resolve_impl("attention", "flex", self.device).fn
+            self.flex = functools.partial(flex, compiled=True)
             self.flex(*self.qkv, causal=True)  # compiles
         except Exception as exc:  # any compile failure means: nothing to time here
             raise NotImplementedError(f"torch.compile(flex_attention) does not run here: {exc}") from exc
@@ -245,9 +242,9 @@ class ModelledHBMTraffic:
         B, H, N, d = 1, 8, 2048, 64
         per_head = {
             "standard": lambda: iomodel.standard_traffic(N, N, d),
-            "fa1": lambda: iomodel.fa1_traffic(N, N, d, record.cap("Bc")),
-            "fa2": lambda: iomodel.fa2_traffic(N, N, d, record.cap("Br")),
-        }.get(record.cap("io"))
+            "fa1": lambda: iomodel.fa1_traffic(N, N, d, record.caps.Bc),
+            "fa2": lambda: iomodel.fa2_traffic(N, N, d, record.caps.Br),
+        }.get(record.caps.io)
         if per_head is None:
             raise NotImplementedError(f"{impl} declares no io loop order")
         self.bytes = B * H * per_head() * 4

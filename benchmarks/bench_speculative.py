@@ -16,8 +16,7 @@ def setup(*params):
 
 DRAFTS = ["draft_good", "draft_bad", "bigram", "trigram", "uniform", "prompt_lookup"]
 GAMMAS = [1, 2, 3, 4, 5, 6, 7, 8]
-BOS_TOKENS = 120  # tokens generated per timed sequence (the context holds 128)
-DOCUMENTS = 16  # documents per sampler in the wall-clock ratio (they end at EOS: 26 tokens on average)
+SAMPLER = "cached"  # the KV-cached speculative sampler whose speed the wall-clock benchmarks measure
 
 
 def _enumerable() -> list[str]:
@@ -26,7 +25,7 @@ def _enumerable() -> list[str]:
         from harness.registry import impls
     except ImportError:  # an older commit without the harness
         return []
-    return [i.name for i in impls("speculative") if i.cap("rng") != "own" and not i.cap("greedy")]
+    return [i.name for i in impls("speculative") if i.caps.rng != "own" and not i.caps.greedy]
 
 
 def _models():
@@ -58,6 +57,13 @@ def _enumerable_sampler(impl: str, device: str):
     if device != "cpu":
         raise NotImplementedError("enumeration runs on the cpu")
     return resolve_impl("speculative", impl, torch.device(device), "float64").fn
+
+
+def _sampler():
+    """The wall-clock benchmarks' speculative sampler, resolved through the registry like every implementation."""
+    import torch
+
+    return resolve_impl("speculative", SAMPLER, torch.device("cpu"), "float64").fn
 
 
 def _tiny_models_seconds(fn, T: int) -> float:
@@ -156,17 +162,6 @@ class EnumerationGoal:
     track_tiny_models_gamma2_T3_runs.unit = "runs"
 
 
-def acceptance(target, draft, docs) -> float:
-    """Mean over the positions of held-out documents of sum(min(p, q)) (teacher-forced contexts)."""
-    import torch
-
-    rates = []
-    for doc in docs:
-        p, q = target([doc], len(doc))[0], draft([doc], len(doc))[0]  # (L, V) each
-        rates.append(torch.minimum(p, q).sum(-1))
-    return float(torch.cat(rates).mean())
-
-
 class Acceptance:
     """Acceptance rate a per draft; tokens per target call against (1 - a^(g+1)) / (1 - a)."""
 
@@ -183,6 +178,8 @@ class Acceptance:
         self.rng = TorchRng(0)
 
     def track_acceptance_rate(self, draft, gamma):
+        from harness.sampling import acceptance
+
         return acceptance(self.target, self.draft, self.docs)
 
     track_acceptance_rate.unit = "a"
@@ -192,9 +189,9 @@ class Acceptance:
         sampled from BOS to EOS (past EOS the models leave their training distribution).  Those are the
         formula's rounds: a document's last round is cut at EOS, and one whose draft ended the document drafts
         fewer, which at a = 0.98 and 26-token documents would cost a tenth of the tokens per call at gamma 8."""
-        from impls.speculative.cached import cached
+        from harness.sampling import BOS_TOKENS
 
-        tok, rounds = self.zoo.tokenizer(), []
+        cached, tok, rounds = _sampler(), self.zoo.tokenizer(), []
         for _ in range(20):
             out = cached(self.target, self.draft, [tok.bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=self.rng,
                          eos=tok.eos)
@@ -204,6 +201,7 @@ class Acceptance:
     track_tokens_per_call_measured.unit = "tokens/call"
 
     def track_tokens_per_call_formula(self, draft, gamma):
+        from harness.sampling import acceptance
         from harness.speedup import tokens_per_call
 
         return tokens_per_call(acceptance(self.target, self.draft, self.docs), gamma)
@@ -227,61 +225,21 @@ class Grammaticality:
         self.zoo, self.target = _models()
 
     def track_grammatical_fraction(self, sampler):
+        from harness.sampling import BOS_TOKENS
+
         zoo = self.zoo
         if sampler == "draft_bad_alone":
             return zoo.grammatical_fraction(zoo.sample(zoo.load("draft_bad"), self.N_DOCS, seed=1))
         if sampler == "target_alone":
             return zoo.grammatical_fraction(zoo.sample(zoo.load("target"), self.N_DOCS, seed=1))
         from harness.lm import TorchRng
-        from impls.speculative.cached import cached
 
-        tok, draft, rng = zoo.tokenizer(), _draft("draft_bad"), TorchRng(1)
+        cached, tok, draft, rng = _sampler(), zoo.tokenizer(), _draft("draft_bad"), TorchRng(1)
         docs = [[tok.bos, *cached(self.target, draft, [tok.bos], gamma=2, max_new_tokens=BOS_TOKENS, rng=rng,
                                   eos=tok.eos).tokens] for _ in range(self.N_DOCS)]
         return zoo.grammatical_fraction(docs)
 
     track_grammatical_fraction.unit = "fraction"
-
-
-def plain_cached(target, prompt, n: int, rng, eos=None) -> list[int]:
-    """The baseline: autoregressive sampling with the target's KV cache (one cached step per token)."""
-    from harness.lm import session
-
-    s, out = session(target), []
-    p = s.extend(prompt)[-1]
-    while len(out) < n and (not out or out[-1] != eos):
-        out.append(int(rng.categorical(p)))
-        p = s.extend(out[-1:])[-1]
-    return out
-
-
-def document(target, draft, gamma: int, rng, bos: int, eos: int) -> list[int]:
-    """One document from BOS to EOS (at most BOS_TOKENS tokens), KV-cached: plain sampling when gamma is 0,
-    speculative sampling with the draft otherwise."""
-    from impls.speculative.cached import cached
-
-    if gamma == 0:
-        return plain_cached(target, [bos], BOS_TOKENS, rng, eos)
-    return cached(target, draft, [bos], gamma=gamma, max_new_tokens=BOS_TOKENS, rng=rng, eos=eos).tokens
-
-
-def warm_up(samplers, rng) -> None:
-    """One untimed document each (seed DOCUMENTS): first calls of ops cost extra."""
-    for sample in samplers:
-        sample(rng(DOCUMENTS))
-
-
-def run_documents(samplers, rng) -> tuple[list[float], list[int]]:
-    """Seconds and tokens of each sampler(rng) over the documents of seeds 0..DOCUMENTS-1, the samplers
-    taking turns document by document with the same seeds, so that load on a shared machine falls on all
-    alike."""
-    seconds, tokens = [0.0] * len(samplers), [0] * len(samplers)
-    for seed in range(DOCUMENTS):
-        for i, sample in enumerate(samplers):
-            start = time.perf_counter()
-            tokens[i] += len(sample(rng(seed)))
-            seconds[i] += time.perf_counter() - start
-    return seconds, tokens
 
 
 class WallClock:
@@ -303,14 +261,19 @@ class WallClock:
         self.zoo, self.target = _models()
         self.draft = _draft(draft)
         self.bos, self.eos = self.zoo.tokenizer().bos, self.zoo.tokenizer().eos
-        self.rng = TorchRng
+        self.rng, self.sampler = TorchRng, _sampler()
 
     def time_speculative(self, draft, gamma, device):
-        document(self.target, self.draft, gamma, self.rng(0), self.bos, self.eos)
+        from harness.sampling import document
+
+        document(self.sampler, self.target, self.draft, gamma, self.rng(0), self.bos, self.eos)
 
     def track_speedup_measured(self, draft, gamma, device):
         """Plain time per token / speculative time per token over the documents of `run_documents`."""
-        samplers = [lambda rng, g=g: document(self.target, self.draft, g, rng, self.bos, self.eos) for g in (0, gamma)]
+        from harness.sampling import document, run_documents, warm_up
+
+        samplers = [lambda rng, g=g: document(self.sampler, self.target, self.draft, g, rng, self.bos, self.eos)
+                    for g in (0, gamma)]
         warm_up(samplers, self.rng)
         seconds, tokens = run_documents(samplers, self.rng)
         return (seconds[0] / tokens[0]) / (seconds[1] / tokens[1])
@@ -342,6 +305,7 @@ class WallClock:
 
     def track_speedup_estimated(self, draft, gamma, device):
         """Leviathan et al.'s estimate: (1 - a^(g+1)) / ((1 - a)(1 + g c))."""
+        from harness.sampling import acceptance
         from harness.speedup import speedup
 
         c, _ = self._step_costs(gamma)
@@ -358,51 +322,13 @@ class WallClock:
 
     def track_speedup_estimated_with_verify(self, draft, gamma, device):
         """The same estimate with the measured verify cost: (1 - a^(g+1)) / ((1 - a)(v + g c))."""
+        from harness.sampling import acceptance
         from harness.speedup import speedup
 
         c, verify = self._step_costs(gamma)
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c, verify)
 
     track_speedup_estimated_with_verify.unit = "x"
-
-
-class TimedSession:
-    """A model's session whose extend and rollback add their seconds to clock[key]; the sampler never knows."""
-
-    def __init__(self, inner, clock: dict, key: str) -> None:
-        self.inner, self.clock, self.key = inner, clock, key
-
-    def _timed(self, method, *args):
-        start = time.perf_counter()
-        try:
-            return method(*args)
-        finally:
-            self.clock[self.key] += time.perf_counter() - start
-
-    def extend(self, tokens):
-        return self._timed(self.inner.extend, tokens)
-
-    def rollback(self, length):
-        self._timed(self.inner.rollback, length)
-
-    @property
-    def length(self) -> int:
-        return self.inner.length
-
-
-class Timed:
-    """An LM whose sessions are `TimedSession`s on one clock."""
-
-    def __init__(self, lm, clock: dict, key: str) -> None:
-        self.lm, self.vocab_size, self.clock, self.key = lm, lm.vocab_size, clock, key
-
-    def __call__(self, prefixes, n=1):
-        return self.lm(prefixes, n)
-
-    def session(self) -> TimedSession:
-        from harness.lm import session
-
-        return TimedSession(session(self.lm), self.clock, self.key)
 
 
 class TimePerToken:
@@ -420,17 +346,20 @@ class TimePerToken:
         import torch
 
         from harness.lm import TorchRng
+        from harness.sampling import Timed
 
         torch.set_num_threads(1)  # as in WallClock
         zoo, target = _models()
         self.clock = {"target": 0.0, "draft": 0.0}
         self.target = Timed(target, self.clock, "target")
         self.draft = Timed(_draft("draft_good"), self.clock, "draft")
-        self.bos, self.eos, self.rng = zoo.tokenizer().bos, zoo.tokenizer().eos, TorchRng
+        self.bos, self.eos, self.rng, self.sampler = zoo.tokenizer().bos, zoo.tokenizer().eos, TorchRng, _sampler()
 
     def track_microseconds_per_token(self, gamma, part):
         """Over the documents of `run_documents`, after the warm-up."""
-        samplers = [lambda rng: document(self.target, self.draft, gamma, rng, self.bos, self.eos)]
+        from harness.sampling import document, run_documents, warm_up
+
+        samplers = [lambda rng: document(self.sampler, self.target, self.draft, gamma, rng, self.bos, self.eos)]
         warm_up(samplers, self.rng)
         self.clock.update(target=0.0, draft=0.0)
         (seconds,), (tokens,) = run_documents(samplers, self.rng)

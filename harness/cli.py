@@ -1,37 +1,51 @@
-"""Command line: ``python -m harness list | check | mutants | run``.
+"""Command line: ``python -m harness list | check | mutants | run | gate | report``.
 
-Each implementation is checked in a forked child process, so one that segfaults or calls exit()
-gets a FAIL verdict and the run goes on; hangs inside a call are caught by the per-call limit of
-harness.guard.  The parent does no tensor work before forking (torch's thread pools do not
-survive a fork).
+The checking itself is harness.runner's: each implementation runs in its own child process, so whatever a
+plugin does becomes a verdict and the run goes on.  This module parses arguments, prints progress and the
+implementation x property matrix, and writes the JSON documents (schema: docs/verdicts.md).
+
+Exit codes: 0 everything that should pass passed, 1 a property failed (or a mutant survived), 2 a usage
+error (unknown technique, implementation or property, bad plugin path, bad flag), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from harness import profiles
+from harness import profiles, provenance, runner
 from harness.contracts import load_techniques
-from harness.quickbench import GATE_FACTOR
-from harness.registry import LOAD_ERRORS, Impl, get, impls
-from harness.runner import Property, Verdict, kill_mutant, properties_of, reproduce_command, run_property
+from harness.registry import LOAD_ERRORS, enable_entry_points, impls
 
-VERDICTS = Path(__file__).resolve().parents[1] / "results" / "report" / "verdicts"
-PER_IMPL_LIMIT_S = float(os.environ.get("HARNESS_PER_IMPL_LIMIT_S", "900"))
-MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip"}
+SCHEMA = "llm-inference-harness/verdicts"
+MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip", "upstream": "upstr", "stale": "STALE"}
+FAILING = ("FAIL", "stale")  # statuses that make a check exit 1 (an upstream failure is recorded, not failing)
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit code 2."""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return args.func(args)
+    if getattr(args, "entry_points", None):
+        enable_entry_points(args.entry_points.split(","))
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"python -m harness {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: every checking process was stopped; no verdict file was written", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # now: tearing down torch and Hypothesis takes seconds, and nothing is left to save
+    except BrokenPipeError:  # `list | head`: the reader left; end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,44 +54,59 @@ def _parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="techniques, implementations, capabilities, mutants")
     ls.add_argument("technique", nargs="?")
+    ls.add_argument("--caps", action="store_true", help="the table of capabilities each technique's implementations "
+                                                        "may declare: name, type, default, meaning")
+    _entry_points(ls)
     ls.set_defaults(func=cmd_list)
 
     ck = sub.add_parser("check", help="run every property of a technique against implementations")
     ck.add_argument("technique")
     ck.add_argument("--impl", action="append", default=[], metavar="NAME", help="registered implementation")
-    ck.add_argument("--plugin", action="append", default=[], metavar="MODULE:ATTR|FILE.py:ATTR")
+    ck.add_argument("--plugin", action="append", default=[], metavar="MODULE:ATTR|FILE.py:ATTR",
+                    help="your implementation, imported only in its checking process")
     ck.add_argument("--property", action="append", default=[], metavar="NAME", help="only these properties")
+    ck.add_argument("--reproduce", metavar="BLOB", help="replay the failing example a FAIL's reproduce line names")
     _common(ck)
     ck.set_defaults(func=cmd_check)
 
     mu = sub.add_parser("mutants", help="run the properties against every mutant; fail if one survives")
     mu.add_argument("technique", nargs="?")
+    mu.add_argument("--score", action="store_true", help="also run each mutant's declared killers under the thorough "
+                    "profile, and print per technique: mutants killed by ci / by thorough, the properties that killed "
+                    "each, the median margin (error / bound of the killing case)")
     _common(mu)
     mu.set_defaults(func=cmd_mutants)
 
-    run = sub.add_parser("run", help="the main job: check everything, kill every mutant, quick benchmarks")
-    _common(run)
+    run = sub.add_parser("run", help="the main job: check everything, kill every mutant, quick benchmarks, report")
+    _common(run, json=False)
     run.add_argument("--no-bench", action="store_true", help="skip the quick benchmark pass")
-    run.add_argument("--no-report", action="store_true", help="skip writing results/report")
+    run.add_argument("--no-report", action="store_true", help="skip writing the report")
     run.set_defaults(func=cmd_run)
 
-    gate = sub.add_parser("gate", help="regression gate: asv continuous BASE HEAD, fails on a slowdown > factor")
+    gate = sub.add_parser("gate", help="regression gate: HEAD against BASE, interleaved A/B rounds")
     gate.add_argument("base")
     gate.add_argument("head", nargs="?", default="HEAD")
-    gate.add_argument("--factor", type=float, default=GATE_FACTOR, help="allowed slowdown (default suits a noisy VM)")
     gate.add_argument("--bench", metavar="REGEX", help="only benchmarks matching REGEX")
     gate.set_defaults(func=cmd_gate)
 
-    rep = sub.add_parser("report", help="write results/report (Markdown + PNG plots measured here)")
+    rep = sub.add_parser("report", help="write the report (Markdown + PNG plots measured here)")
     rep.add_argument("--only", action="append", metavar="SECTION", help="only sections whose title contains this")
+    rep.add_argument("--out", metavar="DIR", help="where to write it (default: <results>/report)")
     rep.set_defaults(func=cmd_report)
     return p
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _entry_points(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--entry-points", metavar="NAMES", help="also load these entry points of other installed "
+                   "distributions (comma-separated, or 'all'); each is first imported in a throwaway process")
+
+
+def _common(p: argparse.ArgumentParser, json: bool = True) -> None:
     p.add_argument("--profile", default="ci", choices=profiles.PROFILES, help="Hypothesis profile (default ci)")
-    p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON")
+    if json:
+        p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON ('-': to stdout)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="implementations checked at once")
+    _entry_points(p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,250 +114,341 @@ def cmd_list(args) -> int:
     techniques = load_techniques()
     names = [args.technique] if args.technique else sorted(techniques)
     for name in names:
-        if name not in techniques:
-            print(f"unknown technique {name!r}; known: {', '.join(sorted(techniques))}", file=sys.stderr)
-            return 2
+        _known_technique(name)
         t = techniques[name]
         print(f"{t.name}: {t.summary}\n  contract: {t.signature}")
+        if args.caps:
+            rows = t.caps.table()
+            width = max(len(r[0]) for r in rows)
+            print(f"  capabilities ({t.caps.__name__}, declared as caps={{...}}):")
+            for cap, kind, default, meaning in rows:
+                print(f"    {cap:<{width}}  {kind}  (default {default})\n    {'':<{width}}  {meaning}")
         for r in impls(name, mutants=None):
             kind = f"MUTANT ({r.bug}; killed by {', '.join(r.killed_by)})" if r.mutant else (
                 "exact" if r.exact else "approximate")
+            if r.unavailable:
+                kind += f"; UNAVAILABLE: {r.unavailable}"
+            declared = r.caps.declared()
             print(f"  {r.name:<28} {kind}\n  {'':<28} devices={','.join(r.devices)} dtypes={','.join(r.dtypes)}"
-                  + (f" caps={dict(r.caps)}" if r.caps else "") + (f"\n  {'':<28} {r.cite}" if r.cite else ""))
+                  + (f" caps={declared}" if declared else "") + (f"\n  {'':<28} {r.cite}" if r.cite else ""))
         print()
     _report_load_errors()
     return 0
 
 
 def cmd_check(args) -> int:
-    profiles.load(args.profile)
-    _known_technique(args.technique)
-    unknown = sorted(set(args.impl) - {i.name for i in impls(args.technique, mutants=None)})
-    if unknown:
-        raise SystemExit(f"check: no implementation {', '.join(unknown)} of {args.technique}; "
-                         f"`python -m harness list {args.technique}` shows them")
-    chosen = [get(args.technique, n) for n in args.impl]
-    chosen += _unique_names([_load_plugin(spec, args.technique) for spec in args.plugin], taken=set(args.impl))
-    if not chosen:
-        chosen = impls(args.technique)
-    props = _select(properties_of(args.technique), args.property)
-    jobs = []
-    for impl in chosen:
-        plugin = impl.source if impl.source in args.plugin else None
-        jobs.append((impl, props, lambda i=impl, pl=plugin: (run_property(p, i, profile=args.profile, plugin=pl)
-                                                             for p in props),
-                     lambda p, i=impl, pl=plugin: reproduce_command(i, p, args.profile, pl)))
-    verdicts = [v for got in _isolated_all(jobs, args.jobs) for v in got]
-    _print_matrix(args.technique, chosen, props, verdicts)
-    _write_json(args.json, verdicts)
+    return check(args.technique, names=args.impl, plugins=args.plugin, properties=args.property,
+                 profile=args.profile, jobs=args.jobs, json_path=args.json, reproduce=args.reproduce)
+
+
+def check(technique: str, *, names: list[str], plugins: list[str], properties: list[str], profile: str, jobs: int,
+          json_path: str | None, reproduce: str | None = None) -> int:
+    profiles.load(profile)
+    _known_technique(technique)
+    targets = _targets(technique, names, plugins)
+    props = _properties(technique, properties)
+    out = sys.stderr if json_path == "-" else sys.stdout
+    started = time.perf_counter()
+    with Printer(technique, len(targets) * len(props), out) as printer:
+        results = runner.check(technique, targets, profile=profile, properties=properties, jobs=jobs,
+                               progress=printer, blob=reproduce)
+    _unique_names(results)
+    _print_matrix(technique, results, props, out)
+    _write_json(json_path, verdicts_document(technique, profile, results, time.perf_counter() - started))
     _report_load_errors()
-    bad = [v for v in verdicts if v.status == "FAIL" and not get_impl(chosen, v.impl).mutant]
-    return 1 if bad else 0
+    return 1 if any(v.status in FAILING and not r.info.get("mutant") for r in results for v in r.verdicts) else 0
 
 
 def cmd_mutants(args) -> int:
-    profiles.load(args.profile)
-    if args.technique:
-        _known_technique(args.technique)
-    techniques = [args.technique] if args.technique else sorted(load_techniques())
-    survivors, verdicts = [], []
+    return mutants([args.technique] if args.technique else sorted(load_techniques()), profile=args.profile,
+                   jobs=args.jobs, json_path=args.json, score=args.score)
+
+
+def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | None, score: bool = False) -> int:
+    profiles.load(profile)
     for t in techniques:
-        props = properties_of(t)
-        mutants = impls(t, mutants=True)
-        jobs = [(m, props, lambda m=m, ps=props: kill_mutant(m, ps, profile=args.profile, all_properties=True),
-                 lambda p, m=m: reproduce_command(m, p, args.profile, None)) for m in mutants]
-        for m, got in zip(mutants, _isolated_all(jobs, args.jobs), strict=True):
-            verdicts += got
-            killers = [v.property for v in got if v.status == "FAIL"]
-            right = sorted(set(killers) & set(m.killed_by))
-            status = f"killed by {', '.join(right)}" if right else (
-                f"SURVIVED its declared killers {m.killed_by}" + (f" (other failures: {killers})" if killers else ""))
-            print(f"{t:<14} {m.name:<32} {status}\n{'':<14} bug: {m.bug}")
-            if not right:
-                survivors.append(m.name)
-    _write_json(args.json, verdicts)
-    print(f"\n{len(survivors)} mutant(s) survived" + (f": {', '.join(survivors)}" if survivors else ""))
+        _known_technique(t)
+    out = sys.stderr if json_path == "-" else sys.stdout
+    documents, survivors, scores = [], [], []
+    for t in techniques:
+        started, props, registered = time.perf_counter(), runner.properties_of(t), impls(t, mutants=True)
+        with Printer(t, len(registered) * len(props), out, quiet=True) as printer:
+            results = runner.kill_mutants(t, profile=profile, jobs=jobs, progress=printer)
+        for result in results:
+            killed, status = runner.mutant_status(result)
+            print(f"{t:<18} {result.name:<32} {status}\n{'':<18} bug: {result.info.get('bug', '?')}", file=out,
+                  flush=True)
+            if not killed:
+                survivors.append(result.name)
+        document = verdicts_document(t, profile, results, time.perf_counter() - started, kind="mutants")
+        if score:
+            with Printer(t, len(registered), out, quiet=True) as printer:
+                thorough = runner.kill_mutants(t, profile="thorough", jobs=jobs, progress=printer, all_properties=False)
+            document["score"] = mutant_score(results, thorough)
+            scores.append((t, document["score"]))
+        documents.append(document)
+    if score:
+        _print_score(scores, profile, out)
+    _write_json(json_path, {"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION, "kind": "mutants",
+                            **provenance.run_info(profile), "techniques": documents})
+    print(f"\n{len(survivors)} mutant(s) survived" + (f": {', '.join(survivors)}" if survivors else ""), file=out)
     return 1 if survivors else 0
+
+
+def mutant_score(first: list[runner.ImplResult], thorough: list[runner.ImplResult]) -> dict:
+    """Per mutant: killed under the run's profile (all properties) and under thorough (its declared killers), the
+    properties that killed it, and the margin of its declared killer's failing case (error / bound, where the
+    killer compares with an earned bound); and the technique's counts and median margin."""
+    by_name = {r.name: r for r in thorough}
+    rows = []
+    for r in first:
+        killed, _ = runner.mutant_status(r)
+        declared = [v for v in r.verdicts if v.status == "FAIL" and v.property in r.info.get("killed_by", ())]
+        margins = [v.margin for v in declared if v.margin is not None]
+        rows.append({"mutant": r.name, "killed": killed,
+                     "killed_thorough": by_name[r.name].verdicts != [] and runner.mutant_status(by_name[r.name])[0],
+                     "killers": [v.property for v in r.verdicts if v.status == "FAIL"],
+                     "margin": max(margins) if margins else None})
+    margins = sorted(row["margin"] for row in rows if row["margin"] is not None)
+    return {"mutants": rows, "killed": sum(row["killed"] for row in rows),
+            "killed_thorough": sum(row["killed_thorough"] for row in rows),
+            "median_margin": margins[len(margins) // 2] if margins else None}
+
+
+def _print_score(scores: list[tuple[str, dict]], profile: str, out) -> None:
+    print(f"\nmutant power ({profile}: every property; thorough: the declared killers)\n", file=out)
+    print(f"  {'technique':<20} {'mutants':>7} {'killed ' + profile:>12} {'killed thorough':>16} {'median margin':>14}",
+          file=out)
+    for t, s in scores:
+        margin = f"{s['median_margin']:.3g}" if s["median_margin"] is not None else "-"
+        print(f"  {t:<20} {len(s['mutants']):>7} {s['killed']:>12} {s['killed_thorough']:>16} {margin:>14}", file=out)
+    for t, s in scores:
+        print(f"\n  {t}", file=out)
+        for row in s["mutants"]:
+            margin = f", margin {row['margin']:.3g}" if row["margin"] is not None else ""
+            print(f"    {row['mutant']:<40} killed by {', '.join(row['killers']) or 'NOTHING'}{margin}", file=out)
 
 
 def cmd_run(args) -> int:
     start = time.perf_counter()
+    root = provenance.output_root()
     summary, status = [], 0
-    VERDICTS.mkdir(parents=True, exist_ok=True)
-    for t in sorted(load_techniques()):
-        print(f"\n=== check {t} ===")
-        rc = cmd_check(argparse.Namespace(technique=t, impl=[], plugin=[], property=[], profile=args.profile,
-                                          jobs=args.jobs, json=str(VERDICTS / f"{t}.json")))
-        summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
+    print(f"results of this run: {root} (machine {provenance.machine_name()}, commit {provenance.commit()})")
+    with provenance.staged(root / "verdicts") as verdicts:  # replaced whole at the end: never old and new mixed
+        for t in sorted(load_techniques()):
+            print(f"\n=== check {t} ===", flush=True)
+            rc = check(t, names=[], plugins=[], properties=[], profile=args.profile, jobs=args.jobs,
+                       json_path=str(verdicts / f"{t}.json"))
+            summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
+            status |= rc
+        print("\n=== mutants ===", flush=True)
+        rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
+                     json_path=str(verdicts / "mutants.json"))
+        summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
         status |= rc
-    print("\n=== mutants ===")
-    rc = cmd_mutants(argparse.Namespace(technique=None, profile=args.profile, jobs=args.jobs,
-                                        json=str(VERDICTS / "mutants.json")))
-    summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
-    status |= rc
     if not args.no_bench:
         from harness.quickbench import run_quick
 
-        print("\n=== quick benchmark pass and dashboard ===")
+        print("\n=== quick benchmark pass and dashboard ===", flush=True)
         rc = run_quick()
         summary.append(("quick benchmarks + dashboard", "ok" if rc == 0 else "FAILED"))
         status |= rc
     if not args.no_report:
-        print("\n=== report ===")
-        rc = cmd_report(argparse.Namespace(only=None))
-        summary.append(("report (results/report)", "ok" if rc == 0 else "FAILED"))
+        print("\n=== report ===", flush=True)
+        rc = report(out=None, only=None)
+        summary.append(("report", "ok" if rc == 0 else "FAILED"))
         status |= rc
     print("\n=== summary ===")
     for what, result in summary:
         print(f"  {what:<30} {result}")
-    print(f"  {'wall time':<30} {time.perf_counter() - start:.0f} s")
+    print(f"  {'wall time':<30} {time.perf_counter() - start:.0f} s\n  {'results':<30} {root}")
     return status
 
 
 def cmd_gate(args) -> int:
     from harness.quickbench import gate
 
-    return gate(args.base, args.head, args.factor, args.bench)
+    return gate(args.base, args.head, args.bench)
 
 
 def cmd_report(args) -> int:
+    return report(out=Path(args.out) if args.out else None, only=args.only)
+
+
+def report(*, out: Path | None, only: list[str] | None) -> int:
     from harness.report import write_report
 
-    path = write_report(only=args.only)
+    path = write_report(out=out, only=only)
     print(f"report: {path}")
     return 0
 
 
 # ---------------------------------------------------------------------------------------------
-Job = tuple[Impl, list[Property], Callable[[], Iterable[Verdict]], Callable[[Property], str]]
+def verdicts_document(technique: str, profile: str, results: list[runner.ImplResult], seconds: float,
+                      kind: str = "check") -> dict:
+    """The versioned JSON document of a check (docs/verdicts.md)."""
+    return {"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION, "kind": kind, "technique": technique,
+            **provenance.run_info(profile), "seconds": round(seconds, 3),
+            "implementations": [{"name": r.name, "target": r.target.label, **{k: r.info.get(k) for k in (
+                "mutant", "exact", "killed_by", "bug", "devices", "dtypes", "caps", "source")}} for r in results],
+            "verdicts": [v.as_dict() for r in results for v in r.verdicts]}
 
 
-def _isolated_all(jobs: list[Job], workers: int):
-    """`_isolated` for several implementations, ``workers`` children at a time, results in order."""
-    from concurrent.futures import ThreadPoolExecutor
+def _write_json(path: str | None, document: dict) -> None:
+    if path == "-":
+        import json
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # threads only wait on their child
-        return list(pool.map(lambda j: _isolated(*j, one_thread=workers > 1), jobs))
-
-
-def _isolated(impl: Impl, props: list[Property], job: Callable[[], Iterable[Verdict]],
-              reproduce: Callable[[Property], str], one_thread=False):
-    """Run ``job`` (yielding verdicts for one implementation) in a forked child, streaming verdicts back.
-    Properties the child never reported (it hung or died) get a FAIL saying so, with their reproduce line."""
-
-    def child(queue) -> None:
-        if one_thread:  # children share the cores: intra-op threads would only spin against each other
-            import torch
-
-            torch.set_num_threads(1)
-        for verdict in job():
-            queue.put(verdict)
-        queue.put(None)
-        queue.close()
-        queue.join_thread()
-
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=child, args=(queue,), daemon=True)
-    proc.start()
-    got: list[Verdict] = []
-    deadline = time.monotonic() + PER_IMPL_LIMIT_S
-    while True:
-        try:
-            item = queue.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-        except Exception:  # queue.Empty
-            if proc.is_alive() and time.monotonic() < deadline:
-                continue
-            break
-        if item is None:
-            break
-        got.append(item)
-    proc.join(timeout=5)
-    if proc.is_alive():
-        proc.kill()
-        why = f"hung: exceeded the per-implementation limit of {PER_IMPL_LIMIT_S:g} s"
-    else:
-        why = f"crashed: the checking process died with exit code {proc.exitcode}"
-    done = {v.property for v in got}
-    for p in props:
-        if p.name not in done and len(got) < len(props):
-            got.append(Verdict(impl.name, p.name, "FAIL", message=why, reproduce=reproduce(p)))
-    return got
+        print(json.dumps(document, indent=2, default=list))
+    elif path:
+        provenance.write_json(path, document)
 
 
-def _select(props: list[Property], names: list[str]) -> list[Property]:
-    if not names:
-        return props
-    known = {p.name for p in props}
+def _targets(technique: str, names: list[str], plugins: list[str]) -> list[runner.Target]:
+    known = {i.name for i in impls(technique, mutants=None)}
     unknown = sorted(set(names) - known)
     if unknown:
-        raise SystemExit(f"--property: unknown {unknown}; known: {', '.join(sorted(known))}")
-    return [p for p in props if p.name in names]
+        raise UsageError(f"no implementation {', '.join(unknown)} of {technique}; "
+                         f"`python -m harness list {technique}` shows them")
+    for spec in plugins:
+        _check_plugin_spec(spec)
+    targets = [runner.Target(technique, name=n) for n in names] + [runner.Target(technique, plugin=s) for s in plugins]
+    return targets or [runner.Target(technique, name=i.name) for i in impls(technique)]
 
 
-def _load_plugin(spec: str, technique: str) -> Impl:
-    from harness.plugins import load_plugin
+def _check_plugin_spec(spec: str) -> None:
+    """What can be told without importing the plugin (that happens in its checking process only)."""
+    import importlib.util
 
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise UsageError(f"--plugin must be MODULE:ATTR or FILE.py:ATTR, got {spec!r}")
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise UsageError(f"--plugin {spec}: no such file {where!r}")
+    elif importlib.util.find_spec(where.split(".")[0]) is None:  # the top-level package, found without importing
+        raise UsageError(f"--plugin {spec}: no module named {where.split('.')[0]!r}")
+
+
+def _properties(technique: str, names: list[str]) -> list[runner.Property]:
     try:
-        return load_plugin(spec, technique)
-    except Exception as exc:
-        raise SystemExit(f"--plugin {spec}: {type(exc).__name__}: {exc}") from exc
+        return runner.select(runner.properties_of(technique), names)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _known_technique(name: str) -> None:
     known = load_techniques()
     if name not in known:
-        raise SystemExit(f"unknown technique {name!r}; known: {', '.join(sorted(known))}")
+        raise UsageError(f"unknown technique {name!r}; known: {', '.join(sorted(known))}")
 
 
-def _unique_names(plugins: list[Impl], taken: set[str]) -> list[Impl]:
+def _unique_names(results: list[runner.ImplResult]) -> None:
     """Two plugins both called `attention` (from two files) get distinct rows: `attention`, `attention#2`."""
-    unique = []
-    for impl in plugins:
-        name, n = impl.name, 1
+    taken: set[str] = set()
+    for r in results:
+        name, n = r.name, 1
         while name in taken:
             n += 1
-            name = f"{impl.name}#{n}"
+            name = f"{r.name}#{n}"
         taken.add(name)
-        unique.append(impl if name == impl.name else dataclasses.replace(impl, name=name))
-    return unique
+        if name != r.name:
+            r.info["name"] = name
+            for v in r.verdicts:
+                v.impl = name
 
 
-def get_impl(chosen: list[Impl], name: str) -> Impl:
-    return next(i for i in chosen if i.name == name)
+def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], out) -> None:
+    def say(*lines: str) -> None:
+        print(*lines, sep="\n", file=out)
 
-
-def _print_matrix(technique: str, chosen: list[Impl], props: list[Property], verdicts: list[Verdict]) -> None:
-    cell = {(v.impl, v.property): v for v in verdicts}
-    width = max([len(i.name) for i in chosen] + [14])
-    print(f"\n{technique}: implementation x property\n")
-    for n, p in enumerate(props):
-        print(f"  [{n}] {p.name}")
-    print(f"\n  {'':<{width}} " + " ".join(f"{f'[{n}]':>5}" for n in range(len(props))))
-    for impl in chosen:
-        row = [MARK[cell[(impl.name, p.name)].status] for p in props]
-        print(f"  {impl.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + ("   (mutant)" if impl.mutant else ""))
+    cell = {(r.name, v.property): v for r in results for v in r.verdicts}
+    width = max([len(r.name) for r in results] + [14])
+    say(f"\n{technique}: implementation x property\n", *(f"  [{n}] {p.name}" for n, p in enumerate(props)))
+    say(f"\n  {'':<{width}} " + " ".join(f"{f'[{n}]':>5}" for n in range(len(props))))
+    for r in results:
+        row = [MARK[cell[(r.name, p.name)].status] if (r.name, p.name) in cell else "?" for p in props]
+        mutant = "   (mutant)" if r.info.get("mutant") else ""
+        say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
+    declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
+    if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
+        say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
+    verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
-        if v.status == "FAIL":
-            print(f"\nFAIL {v.impl} / {v.property}: {v.message}")
+        if v.status in ("FAIL", "stale", "upstream"):
+            say(f"\n{v.status.upper()} {v.impl} / {v.property}: {v.message}")
             if v.counterexample:
-                print("  " + v.counterexample.replace("\n", "\n  "))
+                say("  " + v.counterexample.replace("\n", "\n  "))
+            if v.output:
+                say("  output of the implementation:", "    " + v.output.strip().replace("\n", "\n    "))
             if v.reproduce:
-                print(f"  reproduce: {v.reproduce}")
-    skips = sorted({(v.property, v.message) for v in verdicts if v.status == "skip"})
-    for prop, why in skips:
-        print(f"skip {prop}: {why}")
-    passed = sum(v.status == "pass" for v in verdicts)
-    failed = sum(v.status == "FAIL" for v in verdicts)
-    print(f"\n{passed} passed, {failed} failed, {len(verdicts) - passed - failed} skipped")
-
-
-def _write_json(path: str | None, verdicts: list[Verdict]) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump([v.as_dict() for v in verdicts], f, indent=2)
+                say(f"  reproduce: {v.reproduce}")
+    for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
+        say(f"skip {prop}: {why}")
+    count = {s: sum(v.status == s for v in verdicts) for s in MARK}
+    say(f"\n{count['pass']} passed, {count['FAIL']} failed, {count['skip']} skipped"
+        + (f", {count['upstream']} known upstream failures" if count["upstream"] else "")
+        + (f", {count['stale']} stale upstream records" if count["stale"] else ""))
 
 
 def _report_load_errors() -> None:
     for line in LOAD_ERRORS:
         print(f"warning: plugin {line}", file=sys.stderr)
+
+
+class Printer(runner.Progress):
+    """Progress of a check: a line per finished (implementation, property) with its time and the technique's
+    ETA when the output is not a terminal (logs), a live bar that keeps failures and notes above it on one."""
+
+    SLOW_S = 30.0  # a property still running after this long says so, with what its process reported
+
+    def __init__(self, technique: str, total: int, out, quiet: bool = False) -> None:
+        self.technique, self.total, self.out, self.quiet = technique, total, out, quiet
+        self.done, self.started_at, self.running, self.warned = 0, time.monotonic(), {}, set()
+        self.bar = None
+
+    def __enter__(self) -> Printer:
+        if self.out.isatty() and self.total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc=self.technique, file=self.out, unit="check", leave=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def _say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.out)
+        else:
+            print(text, file=self.out, flush=True)
+
+    def started(self, target, prop: str) -> None:
+        self.running[target] = (prop, time.monotonic())
+
+    def finished(self, target, verdict) -> None:
+        self.done += 1
+        self.running.pop(target, None)
+        elapsed = time.monotonic() - self.started_at
+        eta = elapsed / self.done * (self.total - self.done)
+        if self.bar is not None:
+            self.bar.update(1)
+            if verdict.status == "FAIL" and not self.quiet:
+                self._say(f"  FAIL {verdict.impl} / {verdict.property} ({verdict.seconds:.1f} s)")
+        elif not self.quiet or verdict.status == "FAIL":
+            self._say(f"  [{self.technique} {self.done}/{self.total}, ETA {_duration(eta)}] {verdict.impl} / "
+                      f"{verdict.property}: {verdict.status} ({verdict.seconds:.1f} s)")
+
+    def note(self, target, text: str) -> None:
+        self._say(f"  note {target.label}: {text}")
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for target, (prop, since) in self.running.items():
+            if now - since > self.SLOW_S and (target, prop) not in self.warned:
+                self.warned.add((target, prop))
+                self._say(f"  still running: {target.label} / {prop} after {now - since:.0f} s")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"

@@ -1,20 +1,27 @@
 """Publish the asv dashboard so that it works offline: ``python -m harness.dashboard [--serve]``.
 
-asv's index.html pulls jQuery, flot, bootstrap... from CDNs.  After ``asv publish`` we copy the
-vendored files of harness/dashboard_assets next to it and point every CDN link at them.
+The dashboard is generated output, never committed: `publish` builds it with ``asv publish`` from the
+result files of one or more results folders (the committed results/<machine>/*.json by default), through a
+temporary asv configuration, into any folder.  asv's index.html pulls jQuery, flot, bootstrap... from CDNs;
+after publishing we copy the vendored files of harness/dashboard_assets next to it and point every CDN
+link at them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "results" / "html"
+from harness.provenance import ROOT
+
+RESULTS = ROOT / "results"
+HTML = RESULTS / "html"
 ASSETS = Path(__file__).with_name("dashboard_assets")
 # basename in the CDN url -> vendored file
 LOCAL = {
@@ -32,10 +39,26 @@ LOCAL = {
 CDN_TAG = re.compile(r'(src|href)="https://[^"]*/([^"/]+)"((?:\s+(?:integrity|crossorigin|referrerpolicy)="[^"]*")*)')
 
 
-def publish() -> int:
-    rc = subprocess.run([sys.executable, "-m", "asv", "publish"], cwd=ROOT).returncode
+def publish(html_dir: Path = HTML, results: list[Path] | None = None) -> int:
+    """``asv publish`` of the machines found in ``results`` (folders holding <machine>/*.json and a
+    benchmarks.json; default the committed results/) into ``html_dir``, vendored for offline use."""
+    results = results or [RESULTS]
+    with tempfile.TemporaryDirectory(prefix="harness-dashboard-") as tmp:
+        merged = Path(tmp) / "results"
+        merged.mkdir()
+        for folder in results:
+            for machine in sorted(p for p in folder.iterdir() if (p / "machine.json").is_file()):
+                shutil.copytree(machine, merged / machine.name, dirs_exist_ok=True)
+            if (folder / "benchmarks.json").is_file():
+                shutil.copy(folder / "benchmarks.json", merged / "benchmarks.json")
+        config = json.loads((ROOT / "asv.conf.json").read_text())
+        config.update(repo=str(ROOT), results_dir=str(merged), html_dir=str(html_dir),
+                      benchmark_dir=str(ROOT / "benchmarks"), env_dir=str(Path(tmp) / "env"))
+        (Path(tmp) / "asv.conf.json").write_text(json.dumps(config))
+        rc = subprocess.run([sys.executable, "-m", "asv", "publish", "--config", str(Path(tmp) / "asv.conf.json")],
+                            cwd=ROOT).returncode
     if rc == 0:
-        vendorize(HTML)
+        vendorize(html_dir)
     return rc
 
 
@@ -59,12 +82,17 @@ def vendorize(html_dir: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", action="append", type=Path, metavar="DIR",
+                        help="a results folder of <machine>/*.json (repeatable; default: the committed results/)")
+    parser.add_argument("--out", type=Path, default=HTML, help=f"where to write it (default {HTML})")
     parser.add_argument("--serve", action="store_true", help="then serve it on http://127.0.0.1:8080")
     args = parser.parse_args()
-    rc = publish()
+    rc = publish(args.out, args.results)
+    print(f"dashboard: {args.out / 'index.html'}")
     if rc == 0 and args.serve:
         print("dashboard: http://127.0.0.1:8080/index.html  (Ctrl-C to stop)")
-        subprocess.run([sys.executable, "-m", "http.server", "8080", "--bind", "127.0.0.1", "--directory", str(HTML)])
+        subprocess.run([sys.executable, "-m", "http.server", "8080", "--bind", "127.0.0.1", "--directory",
+                        str(args.out)])
     return rc
 
 

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import random
 import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
-DEFAULT_TIMEOUT_S = 20.0
+from harness import isolation
+from harness.capabilities import Caps
+
+DEFAULT_TIMEOUT_S = Caps.call_limit_s
 _hung: dict[int, str] = {}  # id(fn) -> first hang message
 
 
@@ -34,15 +39,17 @@ def names_argument(message: str, *args: str) -> bool:
 
 def guarded_call(
     fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
-    hang_owner: Any = None, watch: dict[str, Any] | None = None, **kwargs: Any,
+    hang_owner: Any = None, watch: dict[str, Any] | None = None, owns_torch_rng: bool = False, **kwargs: Any,
 ) -> Any:
-    """Call ``fn(*args, **kwargs)`` in a worker thread; check it returned in time and left inputs alone.
+    """Call ``fn(*args, **kwargs)``; check it returned in time and left its inputs and the global state alone.
 
     ``arg_names`` names the positional arguments in messages ("mutated its input q").  A hang is recorded
     against ``hang_owner`` (default: fn, or a bound method's function, shared by every instance) and every
     later call for that owner fails at once: pass the implementation's ``impl.fn`` when ``fn`` is a helper
     that drives it, so the hang is charged to the implementation, not to the helper.  ``watch`` names
-    objects the call must leave alone without receiving them (a model a stateful decoder holds).
+    objects the call must leave alone without receiving them (a model a stateful decoder holds).  Global
+    state (default dtype and device, grad mode, thread count, RNG states) must be as it was after the call;
+    ``owns_torch_rng``: the contract hands torch's global RNG to the call (a sampler declaring rng="own").
     """
     key = id(hang_owner if hang_owner is not None else getattr(fn, "__func__", fn))
     if key in _hung:
@@ -53,13 +60,21 @@ def guarded_call(
     before = [(path, t.clone()) for path, t in _tensors(found)]
     lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
     configs = list(_configs(found))
-    box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
+    state = global_state(owns_torch_rng)
+    isolation.set_deadline(timeout_s)
+    try:
+        box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
+    finally:
+        isolation.set_deadline(None)
     if box is None:
         _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
         raise ContractViolation(_hung[key])
+    changed = changed_state(state, global_state(owns_torch_rng))
     if "exc" in box:
         exc = box["exc"]
-        raise ContractViolation(f"raised {type(exc).__name__}: {exc}") from exc
+        raise ContractViolation(_raised(exc)) from exc
+    if changed:
+        raise ContractViolation(f"changed global state: {changed} (a call must leave the process as it found it)")
     for (path, old), (_, new) in zip(before, _tensors(found), strict=True):  # a module's state read afresh
         if not _same(old, new):
             raise ContractViolation(f"mutated its input {path} (inputs must be left unchanged)")
@@ -99,7 +114,7 @@ def _alarmed(fn: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: float
         return {"out": fn(*args, **kwargs)}
     except _Expired:
         return None
-    except BaseException as exc:  # noqa: BLE001 - reported to the caller
+    except (Exception, SystemExit) as exc:  # reported to the caller; a KeyboardInterrupt stops the run
         return {"exc": exc}
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -114,7 +129,7 @@ def _threaded(fn: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: floa
     def work() -> None:
         try:
             box["out"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller (this thread cannot stop the run)
             box["exc"] = exc
 
     worker = threading.Thread(target=work, daemon=True, name=f"guarded:{getattr(fn, '__name__', fn)}")
@@ -123,10 +138,53 @@ def _threaded(fn: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: floa
     return None if worker.is_alive() else box
 
 
+def _raised(exc: BaseException) -> str:
+    """What a failed call raised; an allocation refused by the child's address-space cap says so."""
+    text = f"{type(exc).__name__}: {exc}"
+    limit = isolation.memory_limit()
+    if limit and (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)):
+        return f"exceeded the memory limit of {limit / 2**30:g} GiB ({text[:300]})"
+    return f"raised {text}"
+
+
+def global_state(owns_torch_rng: bool = False) -> dict[str, Any]:
+    """Process-wide settings and RNG states a call could change behind its caller's back."""
+    state = {
+        "torch default dtype": torch.get_default_dtype(),
+        "torch default device": str(torch.get_default_device()),
+        "grad mode": torch.is_grad_enabled(),
+        "torch intra-op threads": torch.get_num_threads(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "numpy global RNG": _numpy_rng(),
+        "python random RNG": random.getstate(),
+    }
+    if not owns_torch_rng:
+        state["torch global RNG"] = torch.random.get_rng_state()
+    return state
+
+
+def _numpy_rng() -> tuple:
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return name, keys.tobytes(), pos, has_gauss, gauss
+
+
+def changed_state(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """'' if nothing changed, else which settings changed and how."""
+    changes = []
+    for key, old in before.items():
+        new = after[key]
+        same = torch.equal(old, new) if isinstance(old, torch.Tensor) else old == new
+        if not same:
+            shown = "" if isinstance(old, torch.Tensor | tuple) else f" {old!r} -> {new!r}"
+            changes.append(f"{key}{shown}")
+    return ", ".join(changes)
+
+
 def call_limit(impl: Any) -> float:
     """An implementation's per-call limit: the ``call_limit_s`` it declares (a JIT kernel compiles on the
     first call of each specialization, seconds when many processes compile at once) or the default."""
-    return impl.cap("call_limit_s", DEFAULT_TIMEOUT_S)
+    return impl.caps.call_limit_s
 
 
 def assert_rejected(impl: Any, case: str, *args: Any, names: tuple[str, ...], method: Callable[..., Any] | None = None,

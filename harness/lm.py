@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from harness.models.gpt import ConcatCache
 from harness.tolerance import PROBABILITY_SUM
 
 
@@ -211,19 +212,7 @@ class KVSession:
     """
 
     def __init__(self, model) -> None:
-        from harness.registry import get
-
-        self.model, self.length = model, 0
-        self.attention = get("attention", model.cfg.attention).fn
-        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def _attend(self, layer, q, k, v):
-        if layer in self.cache:
-            old_k, old_v = self.cache[layer]
-            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)  # (1, Hkv, t, d)
-        self.cache[layer] = (k, v)
-        # bottom-right: new queries see the whole cache, so one new query needs no mask at all
-        return self.attention(q, k, v, causal=q.shape[2] > 1)
+        self.model, self.length, self.cache = model, 0, ConcatCache()
 
     @torch.no_grad()
     def extend(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -236,7 +225,7 @@ class KVSession:
                              f"{cfg.block_size}")
         idx = torch.tensor([tokens], dtype=torch.long)  # (1, t)
         positions = torch.arange(self.length, self.length + len(tokens))[None]  # (1, t)
-        logits = self.model.forward_with(idx, positions, self._attend, checked=True)[0]  # (t, V)
+        logits = self.model.forward_with(idx, positions, self.cache.attend, checked=True)[0]  # (t, V)
         self.length += len(tokens)
         return torch.softmax(logits, dim=-1, dtype=torch.float64)  # the logits cast first: one op, same floats
 
@@ -244,7 +233,7 @@ class KVSession:
         if not 0 <= length <= self.length:
             raise ValueError(f"KVSession.rollback: length must lie in [0, {self.length}], got {length}")
         if length != self.length:  # a round that accepted every draft token rolls nothing back
-            self.cache = {layer: (k[:, :, :length], v[:, :, :length]) for layer, (k, v) in self.cache.items()}
+            self.cache.truncate(length)
             self.length = length
 
 

@@ -1,6 +1,8 @@
 """Hypothesis profiles: dev (quick, random), ci (derandomized, reproducible), thorough (many examples).
 
-Registered by the root conftest.py for pytest and by the CLI before it imports any property.
+Registered by this project's conftest.py for its own pytest runs (``--hypothesis-profile ci``), by the CLI
+before it imports any property, and under ``harness-`` names by the pytest plugin in another project's
+session (which may have profiles of its own called ci or dev).
 """
 
 from hypothesis import HealthCheck, Phase, settings
@@ -9,20 +11,20 @@ PROFILES = ("dev", "ci", "thorough")
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.differing_executors]
 
 
-def register_profiles() -> None:
-    settings.register_profile("dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
+def register_profiles(prefix: str = "") -> None:
+    settings.register_profile(f"{prefix}dev", max_examples=20, deadline=None, suppress_health_check=_SLOW_OK)
     settings.register_profile(
-        "ci", max_examples=30, deadline=None, derandomize=True, database=None, print_blob=True,
+        f"{prefix}ci", max_examples=30, deadline=None, derandomize=True, database=None, print_blob=True,
         suppress_health_check=_SLOW_OK,
     )
     settings.register_profile(
-        "thorough", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK,
+        f"{prefix}thorough", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_SLOW_OK,
         phases=list(Phase),
     )
 
 
-def load(name: str) -> None:
+def load(name: str, prefix: str = "") -> None:
     if name not in PROFILES:
         raise ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {name!r}")
-    register_profiles()
-    settings.load_profile(name)
+    register_profiles(prefix)
+    settings.load_profile(f"{prefix}{name}")

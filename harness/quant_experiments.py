@@ -1,4 +1,6 @@
-"""The seeds' quantization experiments on the tiny target model: ``python -m harness.quant_experiments``.
+"""Quantization experiments on the tiny target model: ``python -m harness.quant_experiments``.
+
+Outliers after Dettmers et al. 2022 (LLM.int8()), Sec. 4; smoothing after Xiao et al. 2023 (SmoothQuant), Sec. 3.
 
 1. Statistics of one FFN weight matrix and the SNR estimate of a 4-bit grid (step s = max|w| / 7,
    rounding-noise variance s^2 / 12), next to the measured error variance.
@@ -119,7 +121,7 @@ def input_absmax(model: nn.Module, docs: list[list[int]]) -> list[torch.Tensor]:
 def activation_quantized(model: nn.Module, impl: str, bits: int, calib_docs: list[list[int]]) -> nn.Module:
     """A copy whose block Linears run `impl`; SmoothQuant gets each layer's calibration max|x| as a
     one-row calib tensor (its factors only use the per-channel maxima)."""
-    needs_calib = get("quantized_linear", impl).cap("smooth_alpha") is not None
+    needs_calib = get("quantized_linear", impl).caps.smooth_alpha is not None
     stats = input_absmax(model, calib_docs) if needs_calib else None
     model = copy.deepcopy(model)
     for i, (parent, name) in enumerate(block_linears(model)):
@@ -136,7 +138,7 @@ def inject_outlier(model: nn.Module, layer: int = OUTLIER_LAYER, factor: float =
     but that Linear's input now has an outlier channel.  Returns the copy and the channel."""
     model = copy.deepcopy(model)
     block = model.blocks[layer]
-    if channel is None:  # the channel whose LayerNorm output is already the largest: the seeds' emergent outlier
+    if channel is None:  # the channel whose LayerNorm output is already the largest: an emergent outlier
         channel = int((block.ln_2.weight.abs() + block.ln_2.bias.abs()).argmax())
     block.ln_2.weight[channel] *= factor
     block.ln_2.bias[channel] *= factor
@@ -145,7 +147,7 @@ def inject_outlier(model: nn.Module, layer: int = OUTLIER_LAYER, factor: float =
 
 
 def tables(n_docs: int = 200, n_calib_docs: int = 50) -> dict:
-    """The seeds' experiments on the tiny target: weight statistics, the NLL grid, the outlier table."""
+    """The experiments on the tiny target: weight statistics, the NLL grid, the outlier table."""
     from harness.models.world import corpus
     from harness.models.zoo import WEIGHTS, load, nll_per_token, test_corpus
 
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calib-docs", type=int, default=50, help="calibration documents for SmoothQuant")
     args = p.parse_args(argv)
     t = tables(args.docs, args.calib_docs)
-    print("1. Weight statistics of blocks[0].mlp[0].weight (the seeds: max |w| 0.323, std 0.067)")
+    print("1. Weight statistics of blocks[0].mlp[0].weight (recorded: max |w| 0.323, std 0.067)")
     for key, value in t["stats"].items():
         print(f"   {key:<26} {value:.4g}")
     print(f"\n2. Test NLL (nats/token, {t['docs']} docs), block Linears weight-quantized (absmax, RTN)")

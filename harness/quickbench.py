@@ -58,7 +58,7 @@ def _has_module(name: str) -> bool:
 GATE_FACTOR = 1.5  # back-to-back runs of one benchmark drifted ~30% on the shared 2-core VM (shared/notes/asv.md)
 
 
-def gate(base: str, head: str, factor: float = GATE_FACTOR, bench: str | None = None) -> int:
+def gate(base: str, head: str, bench: str | None = None, factor: float = GATE_FACTOR) -> int:
     """The regression gate: ``asv continuous`` between two commits; non-zero exit when HEAD is slower by ``factor``."""
     cmd = [sys.executable, "-m", "asv", "continuous", "--factor", str(factor), "--split", "--show-stderr", base, head]
     if bench:

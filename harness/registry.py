@@ -1,23 +1,32 @@
 """The registry: one dict of frozen records, one decorator, one entry-point group.
 
-Every implementation of every technique -- ours, mutants, and third-party plugins -- is an
-`Impl` record in `REGISTRY`, keyed by ``(technique, name)``.  Capabilities are declared here,
-never discovered by crashing: the property runner reads them to decide what applies.
+Every implementation of every technique -- ours, mutants, and third-party plugins -- is an `Impl`
+record in `REGISTRY`, keyed by ``(technique, name)``.  Capabilities are declared and typed (each
+contract's `Caps` dataclass, harness/capabilities.py), never discovered by crashing: the property
+runner reads them to decide what applies.
+
+Implementations come in through the entry-point group ``harness.impls``: this project's own (its
+``impls.<technique>`` packages, named in pyproject.toml) always load; another distribution's load only
+when asked for (`enable_entry_points`, ``--entry-points`` or HARNESS_ENTRY_POINTS), each first imported
+in a throwaway child process, so one that crashes, exits or hangs at import is reported and skipped.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import pkgutil
+import os
 import traceback
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from harness.capabilities import Caps, build
+
 ENTRY_POINT_GROUP = "harness.impls"
+DISTRIBUTION = "llm-inference-harness"
 ALL_DTYPES = ("float64", "float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True, repr=False)
@@ -34,11 +43,9 @@ class Impl:
     killed_by: tuple[str, ...] = ()  # for mutants: the properties that must catch the bug
     bug: str = ""  # for mutants: the real bug it models
     cite: str = ""  # paper and section the algorithm comes from
-    caps: Mapping[str, Any] = field(default_factory=dict)  # technique-specific capabilities
+    caps: Caps = Caps()  # the technique's typed capabilities (harness/contracts/<technique>.py)
     source: str = ""  # module that registered it, or the plugin spec it came from
-
-    def cap(self, key: str, default: Any = None) -> Any:
-        return self.caps.get(key, default)
+    unavailable: str = ""  # why it cannot run on this machine (a library not installed): every property skips
 
     def __repr__(self) -> str:  # what Hypothesis prints in a falsifying example
         return f"<{self.technique} implementation {self.name!r}>"
@@ -48,6 +55,7 @@ class Impl:
 
 
 REGISTRY: dict[tuple[str, str], Impl] = {}
+FIELDS = tuple(f for f in Impl.__dataclass_fields__ if f not in ("technique", "name", "fn"))
 
 
 def register(technique: str, name: str, **declared: Any) -> Callable[[Callable], Callable]:
@@ -67,19 +75,64 @@ def register(technique: str, name: str, **declared: Any) -> Callable[[Callable],
 
 
 def make_impl(technique: str, name: str, fn: Callable, **declared: Any) -> Impl:
-    """Build a record without registering it (used for plugins loaded by `check --plugin`)."""
-    unknown = set(declared) - set(Impl.__dataclass_fields__)
+    """Build a record without registering it (used for plugins loaded by `check --plugin`).
+
+    Raises TypeError/ValueError naming the field or capability at fault, listing the valid ones."""
+    from harness.contracts import technique as contract  # contracts import this module: look them up late
+
+    who = f"register({technique!r}, {name!r})"
+    unknown = sorted(set(declared) - set(FIELDS))
     if unknown:
-        raise TypeError(f"register: unknown capability field(s) {sorted(unknown)} for {name!r}")
-    bad = set(declared.get("dtypes", ())) - set(ALL_DTYPES)
-    if bad:
-        raise ValueError(f"register: dtypes {sorted(bad)} of {name!r} are not among {ALL_DTYPES}")
-    declared.setdefault("source", getattr(fn, "__module__", "") or "")
-    declared["caps"] = MappingProxyType(dict(declared.get("caps", {})))
-    for key in ("devices", "dtypes", "killed_by"):
+        raise TypeError(f"{who}: unknown field(s) {unknown}; the valid ones are {', '.join(FIELDS)} "
+                        "(technique-specific capabilities go in caps={...})")
+    for key, allowed in (("dtypes", ALL_DTYPES), ("devices", DEVICES)):
         if key in declared:
+            if isinstance(declared[key], str) or not all(isinstance(x, str) for x in declared[key]):
+                raise TypeError(f"{who}: {key} must be a tuple of names among {allowed}, got {declared[key]!r}")
             declared[key] = tuple(declared[key])
+            bad = sorted(set(declared[key]) - set(allowed))
+            if bad:
+                raise ValueError(f"{who}: {key} {bad} are not among {allowed}")
+    if "killed_by" in declared:
+        declared["killed_by"] = tuple(declared["killed_by"])
+    declared["caps"] = build(contract(technique).caps, declared.get("caps", {}), who=who)
+    declared.setdefault("source", getattr(fn, "__module__", "") or "")
     return Impl(technique=technique, name=name, fn=fn, **declared)
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A real bug of a third-party library, found by a property and recorded next to its adapter: the matrix
+    shows ``upstream`` for it (not pass, not FAIL), and ``stale`` (a failure) once it stops reproducing."""
+
+    technique: str
+    impl: str
+    property: str
+    library: str  # the distribution, e.g. "torchao"
+    version: str  # the version the failure was recorded with
+    what: str  # what the library does wrong, in a sentence
+    reproduce: str  # a minimal reproduction: a few lines of Python using the library alone
+
+
+KNOWN_FAILURES: dict[tuple[str, str, str], KnownFailure] = {}
+
+
+def known_failure(technique: str, impl: str, prop: str, *, library: str, version: str, what: str,
+                  reproduce: str) -> None:
+    """Record that ``impl`` fails ``prop`` because of a bug of ``library`` (not of the adapter)."""
+    KNOWN_FAILURES[(technique, impl, prop)] = KnownFailure(technique, impl, prop, library, version, what, reproduce)
+
+
+def library_unavailable(module: str, *, install: str) -> str:
+    """'' when ``module`` can be imported here (found without importing it: a heavy library is imported at its
+    adapter's first call), else the skip reason an adapter registers with, saying how to install it."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        found = False
+    return "" if found else f"{module} is not installed here ({install})"
 
 
 def impls(technique: str, *, mutants: bool | None = False) -> list[Impl]:
@@ -101,24 +154,50 @@ def get(technique: str, name: str) -> Impl:
 
 LOAD_ERRORS: list[str] = []
 _loaded = False
+_enabled: set[str] = {n for n in os.environ.get("HARNESS_ENTRY_POINTS", "").split(",") if n}
+PROBE_LIMIT_S = 60.0
+
+
+def enable_entry_points(names: list[str]) -> None:
+    """Also load these entry points of other distributions (``all``: every one), each probed in a child first."""
+    global _loaded
+    if set(names) - _enabled:
+        _enabled.update(names)
+        _loaded = False
 
 
 def load_all() -> None:
-    """Import every module under `impls/` and every entry point of the plugin group, once.
+    """Import this project's entry points, and the other distributions' ones that were enabled, once.
 
-    A module that fails to import is recorded in LOAD_ERRORS and reported by the CLI; the
-    rest still load.
+    A module that fails to import is recorded in LOAD_ERRORS (reported by the CLI); the rest still load.
     """
     global _loaded
     if _loaded:
         return
     _loaded = True
-    import impls
-
-    for info in pkgutil.walk_packages(impls.__path__, prefix="impls."):
-        _try_import(info.name, origin=info.name)
+    ours, theirs = [], []
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        (ours if ep.dist is not None and ep.dist.name == DISTRIBUTION else theirs).append(ep)
+    if not ours:
+        LOAD_ERRORS.append(f"no entry points of {DISTRIBUTION} in group {ENTRY_POINT_GROUP}: install the project "
+                           "(pip install -e .) so that its implementations register")
+    for ep in ours:
         _try_import(ep.value, origin=f"entry point {ep.name} = {ep.value}")
+    for ep in theirs:
+        if "all" in _enabled or ep.name in _enabled or ep.value in _enabled:
+            origin = f"entry point {ep.name} = {ep.value} (of {ep.dist.name if ep.dist else 'unknown'})"
+            failure = probe_import(ep.value)
+            if failure:
+                LOAD_ERRORS.append(f"{origin}: {failure}; skipped")
+            else:
+                _try_import(ep.value, origin=origin)
+
+
+def probe_import(module: str, limit_s: float = PROBE_LIMIT_S) -> str | None:
+    """Import ``module`` in a forked child that then exits: None if that worked, else what went wrong."""
+    from harness.isolation import probe
+
+    return probe(lambda: importlib.import_module(module.split(":")[0]), limit_s=limit_s, what="importing it")
 
 
 def _try_import(module: str, *, origin: str) -> None:

@@ -1,10 +1,15 @@
-"""Run a technique's properties against one implementation and turn the outcome into verdicts.
+"""The checking engine: run a technique's properties against implementations and turn outcomes into verdicts.
 
-Properties are ordinary Hypothesis tests in ``properties/test_<technique>.py`` that take an
-``impl`` argument; pytest parametrizes them over the registry (see conftest.py) and this runner
-calls them directly for ``python -m harness check`` / ``mutants``.  A property may declare when
-it applies with `@applies(...)`; an implementation it does not apply to gets a skip verdict
-carrying the declared reason.
+Properties are ordinary Hypothesis tests in the technique's property modules (``Technique.properties``) that
+take an ``impl`` argument; pytest parametrizes them over the registry (harness/pytest_plugin.py) and this
+engine calls them directly for ``python -m harness check`` / ``mutants`` / ``run`` and the report.  A
+property may declare when it applies with `@applies(...)`; an implementation it does not apply to -- one
+whose declared devices are all absent here, or that lacks a capability -- gets a skip verdict carrying the
+reason.
+
+`check` and `kill_mutants` run each implementation in its own child process (harness/isolation.py): a
+plugin is imported there, never in the caller, and whatever it does -- raise, hang, exit, crash, print,
+exhaust memory -- becomes a verdict while the others go on.  Progress reaches the caller through a callback.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import importlib
 import inspect
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
+from harness import isolation
 from harness.contracts import technique as get_technique
+from harness.devices import unavailable_reason
 from harness.guard import hang_message
-from harness.registry import Impl
+from harness.registry import KNOWN_FAILURES, Impl
 
 Predicate = Callable[[Impl], "str | None"]  # returns a skip reason, or None when the property applies
 
@@ -34,7 +41,15 @@ def applies(predicate: Predicate) -> Callable[[Callable], Callable]:
 
 
 def needs_cap(cap: str, why: str) -> Callable[[Callable], Callable]:
-    return applies(lambda impl: None if impl.cap(cap) else f"{impl.name} does not declare {cap!r} ({why})")
+    """Applies only to implementations declaring the boolean capability ``cap``."""
+
+    def declared(impl: Impl) -> str | None:
+        if not hasattr(impl.caps, cap):
+            raise AttributeError(f"needs_cap: {cap!r} is not a capability of {impl.technique} "
+                                 f"({type(impl.caps).__name__})")
+        return None if getattr(impl.caps, cap) else f"{impl.name} does not declare {cap!r} ({why})"
+
+    return applies(declared)
 
 
 def needs_dtype(*dtypes: str) -> Callable[[Callable], Callable]:
@@ -48,7 +63,7 @@ class Property:
     module: str
 
     def skip_reason(self, impl: Impl) -> str | None:
-        for predicate in getattr(self.fn, "harness_applies", []):
+        for predicate in [unavailable_reason, *getattr(self.fn, "harness_applies", [])]:
             reason = predicate(impl)
             if reason:
                 return reason
@@ -59,71 +74,344 @@ class Property:
 class Verdict:
     impl: str
     property: str
-    status: str  # "pass" | "FAIL" | "skip"
+    status: str  # "pass" | "FAIL" | "skip" | "upstream" (a recorded library bug) | "stale" (its record no longer holds)
     message: str = ""
     counterexample: str = ""
     reproduce: str = ""
     seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
+    output: str = ""  # what the implementation printed during the property (captured, truncated)
+    margin: float | None = None  # for a FAIL of an earned bound: error / bound of the killing case
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def properties_of(technique: str) -> list[Property]:
-    module = importlib.import_module(get_technique(technique).properties)
+    """Every property of a technique, over all of its property modules, in module then definition order."""
     found = []
-    for name, fn in vars(module).items():
-        if name.startswith("test_") and callable(fn) and "impl" in inspect.signature(fn).parameters:
-            found.append(Property(name.removeprefix("test_"), fn, module.__name__))
+    for module_name in get_technique(technique).properties:
+        module = importlib.import_module(module_name)
+        for name, fn in vars(module).items():
+            if name.startswith("test_") and callable(fn) and "impl" in inspect.signature(fn).parameters:
+                found.append(Property(name.removeprefix("test_"), fn, module.__name__))
     return found
 
 
-def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None = None) -> Verdict:
+def select(props: list[Property], names: list[str] | None) -> list[Property]:
+    """The properties named (all when ``names`` is empty); ValueError naming the unknown ones."""
+    if not names:
+        return props
+    known = {p.name for p in props}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"--property: unknown {unknown}; known: {', '.join(sorted(known))}")
+    return [p for p in props if p.name in names]
+
+
+# --- one property, in the current process --------------------------------------------------------------------
+def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None = None,
+                 blob: str | None = None) -> Verdict:
+    """Run one property against one implementation here; ``blob`` replays a failure Hypothesis printed."""
     reason = prop.skip_reason(impl)
     if reason:
         return Verdict(impl.name, prop.name, "skip", message=reason)
+    if blob:
+        version, _, data = blob.partition(":")
+        prop.fn._hypothesis_internal_use_reproduce_failure = (version, data.encode())
     start = time.perf_counter()
+    known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
     try:
         prop.fn(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
-        return Verdict(
-            impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or _first_line(exc),
-            counterexample=_counterexample(exc),
-            reproduce=reproduce_command(impl, prop, profile, plugin), seconds=time.perf_counter() - start,
+        verdict = Verdict(
+            impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
+            counterexample=counterexample(exc),
+            reproduce=reproduce_command(impl.technique, impl.name, prop.name, profile, plugin, failure_blob(exc)),
+            seconds=time.perf_counter() - start, margin=_margin(exc),
         )
+        if known:
+            verdict.status = "upstream"
+            verdict.message = (f"known upstream failure of {known.library} {known.version} "
+                               f"({_installed(known.library)} installed): {known.what}; this run: {verdict.message}")
+            verdict.counterexample = f"{verdict.counterexample}\n\nminimal reproduction:\n{known.reproduce}".strip()
+        return verdict
+    if known:
+        return Verdict(impl.name, prop.name, "stale", seconds=time.perf_counter() - start,
+                       message=f"the recorded upstream failure of {known.library} {known.version} no longer reproduces "
+                               f"with {_installed(known.library)}: {known.what}; update or remove the record")
     return Verdict(impl.name, prop.name, "pass", seconds=time.perf_counter() - start)
 
 
-def reproduce_command(impl: Impl, prop: Property, profile: str, plugin: str | None) -> str:
-    source = f"--plugin {plugin}" if plugin else f"--impl {impl.name}"
-    return f"python -m harness check {impl.technique} {source} --property {prop.name} --profile {profile}"
+def _installed(library: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{library} {version(library)}"
+    except PackageNotFoundError:
+        return f"{library} (version unknown)"
 
 
-def kill_mutant(mutant: Impl, props: list[Property], *, profile: str, all_properties: bool) -> list[Verdict]:
-    """Run the mutant's declared killers first; with ``all_properties`` run the rest too."""
-    ordered = sorted(props, key=lambda p: p.name not in mutant.killed_by)
-    verdicts = []
-    for prop in ordered:
-        verdicts.append(run_property(prop, mutant, profile=profile))
-        if not all_properties and verdicts[-1].status == "FAIL" and prop.name in mutant.killed_by:
-            break
-    return verdicts
+def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin: str | None,
+                      blob: str | None = None) -> str:
+    source = f"--plugin {plugin}" if plugin else f"--impl {impl}"
+    line = f"python -m harness check {technique} {source} --property {prop} --profile {profile}"
+    return line + (f" --reproduce {blob}" if blob else "")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):  # Hypothesis found several distinct failures: name the first
-        return f"{len(exc.exceptions)} distinct failures; the first: {_first_line(exc.exceptions[0])}"[:400]
+        if len(exc.exceptions) == 1:
+            return first_line(exc.exceptions[0])
+        return f"{len(exc.exceptions)} distinct failures; the first: {first_line(exc.exceptions[0])}"[:400]
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]
 
 
-def _counterexample(exc: BaseException) -> str:
-    """The failing example Hypothesis attached to the exception; one per failure when it found several."""
+_ADVICE = ("These lines were always", "Explanation:", "/", "You can reproduce this", "@reproduce_failure",
+           "Unreliable assumption")
+
+
+def counterexample(exc: BaseException) -> str:
+    """The failing example Hypothesis attached to the exception (one per failure when it found several),
+    without its advice to edit a test function: a plugin author has none, the reproduce line replays it."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return counterexample(exc.exceptions[0])
     if isinstance(exc, BaseExceptionGroup):
-        return "\n\n".join(f"failure {i} of {len(exc.exceptions)}: {_first_line(sub)}\n{_counterexample(sub)}"
+        return "\n\n".join(f"failure {i} of {len(exc.exceptions)}: {first_line(sub)}\n{counterexample(sub)}"
                            for i, sub in enumerate(exc.exceptions, 1))
-    notes = [n for n in getattr(exc, "__notes__", []) if "These lines were always" not in n
-             and not n.lstrip().startswith(("Explanation:", "/"))]
-    text = "\n".join(notes)
-    return re.sub(r"\n{3,}", "\n\n", text).strip()
+    notes = [n for n in getattr(exc, "__notes__", []) if not n.lstrip().startswith(_ADVICE)]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(notes)).strip()
+
+
+def failure_blob(exc: BaseException) -> str | None:
+    """``VERSION:BLOB`` of the first ``@reproduce_failure(...)`` Hypothesis printed (profiles with print_blob)."""
+    for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
+        for n in getattr(sub, "__notes__", []):
+            m = re.search(r"@reproduce_failure\('([^']+)', b'([^']+)'\)", n)
+            if m:
+                return f"{m.group(1)}:{m.group(2)}"
+    return None
+
+
+def _margin(exc: BaseException) -> float | None:
+    for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
+        if getattr(sub, "margin", None) is not None:
+            return sub.margin
+    return None
+
+
+# --- whole checks, isolated ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    """What a child checks: a registered implementation (``name``) or a plugin spec, loaded only in the child."""
+
+    technique: str
+    name: str | None = None
+    plugin: str | None = None  # MODULE:ATTR or FILE.py:ATTR
+
+    @property
+    def label(self) -> str:
+        return self.plugin or self.name or "?"
+
+
+@dataclass
+class ImplResult:
+    """One implementation's verdicts; ``info`` is what the child reported of the record it loaded."""
+
+    target: Target
+    info: dict = field(default_factory=dict)  # name, mutant, exact, killed_by, bug, caps, ...
+    verdicts: list[Verdict] = field(default_factory=list)
+    stopped: str = ""  # why its child stopped early, if it did
+    started: dict[str, float] = field(default_factory=dict)  # property -> monotonic time its child started it
+
+    @property
+    def name(self) -> str:
+        return self.info.get("name") or self.target.label
+
+
+class Progress:
+    """Callbacks of a running check; the CLI prints them, the report and tests may ignore them."""
+
+    def loaded(self, target: Target, info: dict) -> None: ...
+
+    def started(self, target: Target, prop: str) -> None: ...
+
+    def finished(self, target: Target, verdict: Verdict) -> None: ...
+
+    def note(self, target: Target, text: str) -> None: ...
+
+    def tick(self) -> None:
+        """Called every few tens of milliseconds while children run."""
+
+
+def check(technique: str, targets: list[Target], *, profile: str, properties: list[str] | None = None,
+          jobs: int = 1, progress: Progress | None = None, blob: str | None = None,
+          limits: isolation.Limits | None = None) -> list[ImplResult]:
+    """Every selected property of ``technique`` against each target, each target in its own child."""
+    props = select(properties_of(technique), properties)
+    names = [p.name for p in props]
+
+    def job(target: Target) -> Callable[[], None]:
+        return lambda: _check_in_child(target, names, profile, blob, one_thread=jobs > 1)
+
+    return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
+
+
+def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progress | None = None,
+                 all_properties: bool = True, limits: isolation.Limits | None = None) -> list[ImplResult]:
+    """Every registered mutant of ``technique`` against its properties, its declared killers first
+    (``all_properties=False``: stop at the first declared killer that fails)."""
+    from harness.registry import impls
+
+    targets = [Target(technique, name=m.name) for m in impls(technique, mutants=True)]
+    names = [p.name for p in properties_of(technique)]
+
+    def job(target: Target) -> Callable[[], None]:
+        return lambda: _mutant_in_child(target, names, profile, all_properties, one_thread=jobs > 1)
+
+    return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
+
+
+def _run(technique, targets, names, jobs, progress, limits, job, profile) -> list[ImplResult]:
+    results = {t: ImplResult(t) for t in targets}
+
+    def on_event(target: Target, kind: str, payload) -> None:
+        result = results[target]
+        if kind == "impl":
+            result.info = payload
+            progress.loaded(target, payload)
+        elif kind == "start":
+            result.started[payload] = time.monotonic()
+            progress.started(target, payload)
+        elif kind == "verdict":
+            result.verdicts.append(payload)
+            progress.finished(target, payload)
+        elif kind == "note":
+            progress.note(target, payload)
+
+    outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
+                                 on_tick=progress.tick)
+    for target, outcome in outcomes.items():
+        result = results[target]
+        result.stopped = outcome.stopped
+        if outcome.stopped:
+            for verdict in _unfinished(result, names, outcome, profile):
+                result.verdicts.append(verdict)
+                progress.finished(target, verdict)
+    return [results[t] for t in targets]
+
+
+def _unfinished(result: ImplResult, names: list[str], outcome: isolation.Outcome, profile: str) -> list[Verdict]:
+    """FAIL verdicts for the properties a child never finished: the one it was running says why it stopped,
+    the later ones that they were not run (an implementation that hung once is not given the chance again)."""
+    done = {v.property for v in result.verdicts}
+    running = [p for p in isolation.events(outcome, "start") if p not in done]
+    seconds = outcome.ended - result.started.get(running[0], outcome.ended) if running else 0.0
+    where = "while importing and registering it" if not result.info else ""
+    verdicts = []
+    for name in names:
+        if name in done:
+            continue
+        current = name in running or (not running and not verdicts)
+        message = outcome.stopped + (f" ({where})" if where else "") if current else (
+            f"not run: the implementation's process stopped in {running[0] if running else 'loading'} "
+            f"({outcome.stopped.split(':')[0]})")
+        plugin = result.target.plugin
+        verdicts.append(Verdict(result.name, name, "FAIL", message=message, seconds=seconds if current else 0.0,
+                                output=outcome.output if current else "",
+                                reproduce=reproduce_command(result.target.technique, result.name, name, profile,
+                                                            plugin)))
+    return verdicts
+
+
+# --- what the children run -----------------------------------------------------------------------------------
+def _load(target: Target) -> Impl:
+    if target.plugin:
+        from harness.plugins import load_plugin
+
+        return load_plugin(target.plugin, target.technique)
+    from harness.registry import get
+
+    return get(target.technique, target.name)
+
+
+def _info(impl: Impl) -> dict:
+    return {"name": impl.name, "technique": impl.technique, "mutant": impl.mutant, "exact": impl.exact,
+            "killed_by": impl.killed_by, "bug": impl.bug, "devices": impl.devices, "dtypes": impl.dtypes,
+            "caps": impl.caps.declared(), "source": impl.source, "cite": impl.cite,
+            "unavailable": impl.unavailable}
+
+
+def verdicts_of(impl: Impl, props: list[Property], *, profile: str, plugin: str | None = None,
+                blob: str | None = None) -> Iterator[Verdict]:
+    """Each property's verdict, in order, run here (in a child, each announced to the parent first)."""
+    _, offset = isolation.output_since(0)
+    for prop in props:
+        isolation.send("start", prop.name)
+        verdict = run_property(prop, impl, profile=profile, plugin=plugin, blob=blob)
+        verdict.output, offset = isolation.output_since(offset)
+        isolation.send("verdict", verdict)
+        yield verdict
+
+
+def kill_mutant(mutant: Impl, props: list[Property], *, profile: str, all_properties: bool) -> list[Verdict]:
+    """The mutant's declared killers first; without ``all_properties``, stop at the first that kills it."""
+    ordered = sorted(props, key=lambda p: p.name not in mutant.killed_by)
+    verdicts = []
+    for verdict in verdicts_of(mutant, ordered, profile=profile):
+        verdicts.append(verdict)
+        if not all_properties and verdict.status == "FAIL" and verdict.property in mutant.killed_by:
+            break
+    return verdicts
+
+
+def _check_in_child(target: Target, names: list[str], profile: str, blob: str | None, one_thread: bool) -> None:
+    impl = _start_child(target, profile, one_thread)
+    props = [p for p in properties_of(target.technique) if p.name in names]
+    for _ in verdicts_of(impl, props, profile=profile, plugin=target.plugin, blob=blob):
+        pass
+
+
+def _mutant_in_child(target: Target, names: list[str], profile: str, all_properties: bool, one_thread: bool) -> None:
+    mutant = _start_child(target, profile, one_thread)
+    kill_mutant(mutant, [p for p in properties_of(target.technique) if p.name in names], profile=profile,
+                all_properties=all_properties)
+
+
+def _start_child(target: Target, profile: str, one_thread: bool) -> Impl:
+    """Quiet Hypothesis's own printing (the verdict carries the example), load the profile and the target."""
+    from hypothesis import reporting
+
+    from harness.profiles import load
+
+    reporting.reporter.default = lambda value: None
+    if one_thread:  # children share the cores: intra-op threads would only spin against each other
+        import torch
+
+        torch.set_num_threads(1)
+    load(profile)
+    impl = _load(target)
+    isolation.send("impl", _info(impl))
+    return impl
+
+
+def mutant_status(result: ImplResult) -> tuple[bool, str]:
+    """(killed for its declared reason, a one-line status) of a mutant's verdicts.  A kill counts only where the
+    mutant computed its bug: a declared killer that failed because the mutant raised, crashed, hung or never ran
+    says nothing about the bug it models."""
+    killed_by = tuple(result.info.get("killed_by", ()))
+    killers = [v.property for v in result.verdicts if v.status == "FAIL"]
+    right = sorted({v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by
+                    and not _broke(v)})
+    if right:
+        return True, f"killed by {', '.join(right)}"
+    broke = [v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by and _broke(v)]
+    if broke:
+        return False, f"CRASHED instead of computing its bug in {', '.join(broke)}: {result.verdicts[0].message}"
+    return False, f"SURVIVED its declared killers {killed_by}" + (f" (other failures: {killers})" if killers else "")
+
+
+def _broke(verdict: Verdict) -> bool:
+    """The property failed because the implementation raised, crashed, hung or was not run."""
+    return verdict.message.startswith(("crashed:", "hung:", "not run:", "error:", "stopped:")) or (
+        "ContractViolation: raised " in verdict.message)

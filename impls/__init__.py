@@ -1,1 +1,2 @@
-"""Implementations, one file each, grouped by technique. Importing a module registers it."""
+"""Implementations, one file each, grouped by technique: one package per technique, each an entry point
+of the group harness.impls (pyproject.toml)."""

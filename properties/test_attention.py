@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.contracts.attention import call, causal_allowed, declared_max_len
-from harness.devices import available, unavailable_reason
+from harness.devices import available
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
 from harness.online_softmax import Partial, finalize, identity, merge, partial
 from harness.references.attention import (
@@ -37,7 +37,7 @@ TECHNIQUE = "attention"
 
 
 def draw_case(data, impl, **kw):
-    kw.setdefault("max_len", impl.cap("max_len", 300))  # interpreted kernels declare a smaller size
+    kw.setdefault("max_len", impl.caps.max_len or 300)  # interpreted kernels declare a smaller size
     return data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), **kw), label="case")
 
 
@@ -46,7 +46,6 @@ def truth_and_plain(case, q, k, v):
             attention_plain(q, k, v, causal=case.causal, scale=case.scale))
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_matches_reference(impl, data):
     """Output equals the float64 reference within the earned tolerance of its dtype."""
@@ -57,7 +56,6 @@ def test_matches_reference(impl, data):
     assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
 
 
-@applies(unavailable_reason)
 @applies(declared_max_len)
 @given(data=st.data())
 def test_long_keys_and_wide_heads(impl, data):
@@ -70,8 +68,7 @@ def test_long_keys_and_wide_heads(impl, data):
     assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
 
 
-@applies(unavailable_reason)
-@applies(lambda impl: None if impl.cap("returns_lse") else "does not declare returns_lse (returns o only)")
+@applies(lambda impl: None if impl.caps.returns_lse else "does not declare returns_lse (returns o only)")
 @given(data=st.data())
 def test_returned_lse_is_logsumexp_of_scaled_scores(impl, data):
     """A forward declaring returns_lse returns (o, L) with L = torch.logsumexp of the scaled, masked scores
@@ -92,14 +89,14 @@ def test_returned_lse_is_logsumexp_of_scaled_scores(impl, data):
                   what=f"{impl.name} o (returned with L) vs float64 reference")
 
 
-@applies(unavailable_reason)
 @needs_dtype(*HIGH_PRECISION)
 @given(data=st.data())
 def test_large_logits_stay_finite_and_correct(impl, data):
     """Scores of magnitude 1e3-1e4 (q scaled up) must not overflow: the max is subtracted first."""
     dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
-    case = data.draw(attention_cases(dtypes=dtypes, devices=available(impl.devices), max_len=min(130, impl.cap(
-        "max_len", 130)), magnitude=st.floats(1e3, 1e4)), label="case")
+    case = data.draw(attention_cases(dtypes=dtypes, devices=available(impl.devices),
+                                     max_len=min(130, impl.caps.max_len or 130),
+                                         magnitude=st.floats(1e3, 1e4)), label="case")
     q, k, v = case.tensors()
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
     truth, plain = truth_and_plain(case, q, k, v)
@@ -108,9 +105,8 @@ def test_large_logits_stay_finite_and_correct(impl, data):
                   kind="large_logits", conditioning=conditioning)
 
 
-@applies(unavailable_reason)
-def test_seed_example_1000_999_998_10(impl):
-    """The seeds' example: one query whose scores are [1000, 999, 998, 10]; naive exp overflows."""
+def test_scores_1000_999_998_10(impl):
+    """One query whose scores are [1000, 999, 998, 10]: naive exp overflows (Milakov & Gimelshein 2018, Sec. 2)."""
     dtype = dtype_of("float32" if "float32" in impl.dtypes else impl.dtypes[0])
     device = available(impl.devices)[0]
     q = torch.ones(1, 1, 1, 1, dtype=dtype, device=device)
@@ -125,7 +121,6 @@ def test_seed_example_1000_999_998_10(impl):
                   what=f"{impl.name} on scores [1000, 999, 998, 10]", kind="large_logits", conditioning=conditioning)
 
 
-@applies(unavailable_reason)
 @given(data=st.data(), perm_seed=st.integers(0, 2**31 - 1))
 def test_key_value_permutation_invariance(impl, data, perm_seed):
     """Without a causal mask, permuting keys and values jointly leaves the output unchanged."""
@@ -140,7 +135,6 @@ def test_key_value_permutation_invariance(impl, data, perm_seed):
     assert err <= bound, f"{impl.name}: permuting keys/values changed the output by {err:.3g} > {bound:.3g}"
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_rows_are_convex_combinations_of_values(impl, data):
     """Each output row lies in the box spanned by the value rows its query can see."""
@@ -163,8 +157,7 @@ def test_rows_are_convex_combinations_of_values(impl, data):
                                 f"{(~inside).nonzero()[0].tolist()} (slack {slack:.3g})")
 
 
-@applies(unavailable_reason)
-@applies(lambda impl: impl.cap("nan_caveat") and f"{impl.name} declares a NaN caveat: {impl.cap('nan_caveat')}")
+@applies(lambda impl: impl.caps.nan_caveat and f"{impl.name} declares a NaN caveat: {impl.caps.nan_caveat}")
 @given(data=st.data(), where=st.sampled_from(["q", "k", "v"]))
 def test_nan_inputs_propagate(impl, data, where):
     """A NaN in q, k or v reaches every output entry that reads it as NaN (or the call is rejected with a
@@ -193,7 +186,6 @@ def test_nan_inputs_propagate(impl, data, where):
 
 
 
-@applies(unavailable_reason)
 def test_empty_shapes_give_empty_output(impl):
     """A dimension of size 0 is an answer, not an error: an output of q's shape, zeros where no key is seen."""
     dtype, device = dtype_of(impl.dtypes[0]), available(impl.devices)[0]
@@ -216,7 +208,6 @@ BAD_INPUTS = {
 }
 
 
-@applies(unavailable_reason)
 def test_rejects_bad_input(impl):
     """Shapes that break the contract raise ValueError/TypeError naming the argument, never a silent answer."""
     dtype = dtype_of(impl.dtypes[0])

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from harness.contracts.attention import declared_max_len
 from harness.contracts.attention_backward import call
-from harness.devices import available, unavailable_reason
+from harness.devices import available
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call
 from harness.memory import TensorMemory
 from harness.references.attention import attention64, attention_lse64
@@ -32,7 +32,7 @@ GRADS = ("dq", "dk", "dv")
 
 
 def draw_case(data, impl, **kw):
-    max_len = min(MAX_LEN, impl.cap("max_len", MAX_LEN))  # Triton's CPU interpreter declares a smaller one
+    max_len = min(MAX_LEN, impl.caps.max_len or MAX_LEN)  # Triton's CPU interpreter declares a smaller one
     return data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), max_len=max_len, **kw),
                      label="case")
 
@@ -62,14 +62,12 @@ def assert_matches_reference(impl, case):
     assert_grads_earned(impl, case, grads, *truth_and_plain(case, q, k, v, o, lse, do))
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_matches_reference(impl, data):
     """dQ, dK, dV equal float64 autograd within the earned gradient tolerance of their dtype."""
     assert_matches_reference(impl, draw_case(data, impl))
 
 
-@applies(unavailable_reason)
 @applies(declared_max_len)
 @given(data=st.data())
 def test_matches_reference_past_one_tile(impl, data):
@@ -94,7 +92,6 @@ FOUND = [
 ]
 
 
-@applies(unavailable_reason)
 def test_matches_reference_on_found_cases(impl):
     """The cases above, each in its own dtype where the implementation declares it (else its first one),
     on the implementation's first available device."""
@@ -103,7 +100,6 @@ def test_matches_reference_on_found_cases(impl):
         assert_matches_reference(impl, dataclasses.replace(case, dtype=dtype, device=available(impl.devices)[0]))
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_key_gradients_sum_to_zero(impl, data):
     """Adding one vector to every key shifts each score row by a constant, which softmax ignores: so
@@ -118,13 +114,12 @@ def test_key_gradients_sum_to_zero(impl, data):
     assert total <= bound, f"{impl.name}: sum over keys of dK is {total:.3g}, not 0 (allowed {bound:.3g})"
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_fully_masked_rows_give_zero_gradients(impl, data):
     """Causal with Nq > Nk: the first Nq - Nk rows see no key (L = -inf, o = 0).  Their dQ rows are exactly
     zero, nothing is NaN (the guarded call checks finiteness), and every gradient still matches autograd."""
     case = data.draw(fully_masked_cases(dtypes=impl.dtypes, devices=available(impl.devices),
-                                        max_len=min(MAX_LEN, impl.cap("max_len", MAX_LEN))), label="case")
+                                        max_len=min(MAX_LEN, impl.caps.max_len or MAX_LEN)), label="case")
     q, k, v, o, lse, do = backward_inputs(case)
     grads = call(impl, q, k, v, o, lse, do, causal=True, scale=case.scale)
     blind = case.Nq - case.Nk
@@ -132,7 +127,6 @@ def test_fully_masked_rows_give_zero_gradients(impl, data):
     assert_grads_earned(impl, case, grads, *truth_and_plain(case, q, k, v, o, lse, do))
 
 
-@applies(unavailable_reason)
 @needs_cap("tiled", "only tiled kernels promise never to store an (Nq, Nk) matrix")
 def test_never_materializes_the_score_matrix(impl):
     """The largest tensor a tiled backward allocates is smaller than one head's (Nq, Nk) score matrix."""
@@ -153,7 +147,6 @@ def test_never_materializes_the_score_matrix(impl):
     assert mem.largest < one_matrix, f"{impl.name} allocated {mem.largest} bytes at once, >= one (Nq, Nk) matrix"
 
 
-@applies(unavailable_reason)
 def test_empty_shapes_give_empty_gradients(impl):
     """B, H, Nq or Nk of 0: gradients of q's, k's and v's shapes, dq zero where no key is seen."""
     dtype, device = dtype_of(impl.dtypes[0]), available(impl.devices)[0]
@@ -182,7 +175,6 @@ def _bad_inputs():
     }
 
 
-@applies(unavailable_reason)
 def test_rejects_bad_input(impl):
     """Inputs that break the contract raise ValueError/TypeError naming the argument."""
     names = ("q", "k", "v", "o", "lse", "do")

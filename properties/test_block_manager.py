@@ -424,7 +424,7 @@ def test_machine_data(impl):
 
 
 # ---------------------------------------------------------------------------------------------
-# worked examples (vLLM paper Sec. 4.4 and the seeds), computed through the manager
+# worked examples (vLLM paper Sec. 4.4 and hand-worked ones), computed through the manager
 def test_parallel_sampling_saves_70_percent(impl):
     """One 512-token prompt sampled 8 times for 128 tokens, block 16: 5,120 token slots unshared, 1,536 shared."""
     got = parallel_sampling(impl, prompt=512, samples=8, output=128, block_size=16)

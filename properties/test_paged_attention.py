@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.contracts.paged_attention import call
-from harness.devices import available, unavailable_reason
+from harness.devices import available
 from harness.guard import ContractViolation, assert_rejected
 from harness.references.attention import attention64, attention_plain, attention_score_conditioning
-from harness.runner import applies, needs_dtype
+from harness.runner import needs_dtype
 from harness.strategies.attention import BAD_CAUSAL
 from harness.strategies.paged_attention import paged_attention_blind_row_cases, paged_attention_cases
 from harness.tolerance import HIGH_PRECISION, assert_earned, dtype_of
@@ -38,7 +38,6 @@ def check_against_contiguous(impl, case):
                       what=f"{impl.name} sequence {b} (of length {case.seq_lens[b]}, block {case.block_size})")
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_matches_contiguous_attention(impl, data):
     """Any block size, any shuffle of the physical blocks, NaN in every unused slot, decode or prefill, GQA:
@@ -47,7 +46,6 @@ def test_matches_contiguous_attention(impl, data):
     check_against_contiguous(impl, case)
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_decode_matches_contiguous_attention(impl, data):
     """Decode (Nq = 1) over sequences of different lengths in one batch, as a serving step runs it; up to
@@ -57,7 +55,6 @@ def test_decode_matches_contiguous_attention(impl, data):
     check_against_contiguous(impl, case)
 
 
-@applies(unavailable_reason)
 @needs_dtype(*HIGH_PRECISION)
 @given(data=st.data())
 def test_large_logits_stay_finite_and_correct(impl, data):
@@ -68,7 +65,6 @@ def test_large_logits_stay_finite_and_correct(impl, data):
     check_against_contiguous(impl, case)
 
 
-@applies(unavailable_reason)
 @needs_dtype(*HIGH_PRECISION)
 @given(data=st.data())
 def test_logits_far_below_zero(impl, data):
@@ -82,7 +78,6 @@ def test_logits_far_below_zero(impl, data):
     check_against_contiguous(impl, case)
 
 
-@applies(unavailable_reason)
 def test_empty_shapes_give_empty_output(impl):
     """An empty batch (B=0), head group (H=0) or query chunk (Nq=0) gives an empty output, not an error."""
     dtype, device = dtype_of(impl.dtypes[0]), available(impl.devices)[0]
@@ -107,7 +102,6 @@ BAD_INPUTS = {
 }
 
 
-@applies(unavailable_reason)
 @given(data=st.data())
 def test_rows_that_see_no_key_are_zero(impl, data):
     """Causal chunks longer than a sequence (Nq > seq_len): its first Nq - seq_len rows see no key and are zero."""
@@ -121,7 +115,6 @@ def test_rows_that_see_no_key_are_zero(impl, data):
         assert torch.equal(blind, torch.zeros_like(blind)), f"{impl.name}: rows of sequence {b} that see no key"
 
 
-@applies(unavailable_reason)
 def test_rejects_bad_input(impl):
     """Tables and lengths that break the contract raise ValueError/TypeError naming the argument."""
     q = torch.randn(2, 2, 1, 8, dtype=dtype_of(impl.dtypes[0]))

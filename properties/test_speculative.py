@@ -34,21 +34,21 @@ TINY_LIMIT_S = 300.0  # the tiny models' enumeration: a sampler too slow to enum
 
 def own_rng(impl):
     return "draws its own randomness (caps rng='own'): not enumerable, checked by goodness_of_fit" if (
-        impl.cap("rng") == "own") else None
+        impl.caps.rng == "own") else None
 
 
 def greedy(impl):
-    return "greedy: deterministic, checked by greedy_matches_target_greedy" if impl.cap("greedy") else None
+    return "greedy: deterministic, checked by greedy_matches_target_greedy" if impl.caps.greedy else None
 
 
 def no_draft(impl):
-    return "uses no draft (caps draft=False)" if impl.cap("draft") is False else None
+    return "uses no draft (caps draft=False)" if not impl.caps.draft else None
 
 
 def enumerate_impl(impl, target, draft, prompt, *, gamma, T, eos=None, timeout_s=ENUMERATION_LIMIT_S, merge=None):
     """The exact distribution; rounds merged (the sampler restarted after round one) unless ``merge=False``
     or the sampler declares markov=False."""
-    merge = impl.cap("markov", True) if merge is None else merge
+    merge = impl.caps.markov if merge is None else merge
     return enumerated(exact_distribution, impl, target, draft, list(prompt), gamma=gamma, T=T, eos=eos, merge=merge,
                       timeout_s=timeout_s)
 
@@ -91,7 +91,7 @@ def assert_same_distribution(got: dict, truth: dict, what: str) -> None:
 @given(data=st.data())
 def test_matches_target_distribution(impl, data):
     """The enumerated distribution of the first T tokens equals the target's, whatever the draft."""
-    case = data.draw(speculative_cases(width=impl.cap("draft_width", 1)), label="case")
+    case = data.draw(speculative_cases(width=impl.caps.draft_width), label="case")
     note_situations(case)
     target, draft = case.models()
     got = enumerate_impl(impl, target, draft, case.prompt, gamma=case.gamma, T=case.T, eos=case.eos)
@@ -141,7 +141,7 @@ def test_matches_target_distribution_run_by_run(impl, data):
     """Small cases (V <= 3, gamma <= 2, T <= 3) enumerated run by run, every round of every run played out:
     a sampler that carries state from one round to the next (stale cached rows, a context rebuilt from the
     last round) is wrong only from round two on, which the merged enumeration never runs."""
-    case = data.draw(speculative_cases(max_gamma=2, max_T=3, max_V=3, width=impl.cap("draft_width", 1)), label="case")
+    case = data.draw(speculative_cases(max_gamma=2, max_T=3, max_V=3, width=impl.caps.draft_width), label="case")
     note_situations(case)
     target, draft = case.models()
     got = enumerate_impl(impl, target, draft, case.prompt, gamma=case.gamma, T=case.T, eos=case.eos, merge=False)
@@ -179,11 +179,11 @@ def test_round_records_add_up(impl, data):
     """The Round records tell the truth: sum of target_calls = the calls the target saw; 0 <= accepted <=
     drafted <= gamma; every round but the last emits accepted + 1 tokens (the last may stop at eos or the
     budget).  tokens_per_call and the dashboards read them.  A plain list of tokens has no records: skipped."""
-    case = data.draw(speculative_cases(max_T=8, width=impl.cap("draft_width", 1)), label="case")
+    case = data.draw(speculative_cases(max_T=8, width=impl.caps.draft_width), label="case")
     note_situations(case)
     table, draft = case.models()
     target = CountingLM(table)
-    out = call(impl, target, None if impl.cap("draft") is False else draft, list(case.prompt), gamma=case.gamma,
+    out = call(impl, target, draft if impl.caps.draft else None, list(case.prompt), gamma=case.gamma,
                max_new_tokens=case.T, rng=TorchRng(case.seed), eos=case.eos)
     rounds, n = out.rounds, len(out.tokens)
     assert sum(r.target_calls for r in rounds) == target.calls, (
@@ -197,7 +197,7 @@ def test_round_records_add_up(impl, data):
         "and a replacement, or the bonus token of the contract's bonus rule)")
 
 
-@applies(lambda impl: None if impl.cap("greedy") else "samples: checked by matches_target_distribution")
+@applies(lambda impl: None if impl.caps.greedy else "samples: checked by matches_target_distribution")
 @given(data=st.data())
 def test_greedy_matches_target_greedy(impl, data):
     """Greedy speculative output is the target's greedy output token for token, for any draft."""
@@ -213,7 +213,7 @@ def test_greedy_matches_target_greedy(impl, data):
 @applies(own_rng)
 @applies(greedy)
 @applies(no_draft)
-@applies(lambda impl: "several draft chains: the one-chain formula does not apply" if impl.cap("draft_width", 1) > 1
+@applies(lambda impl: "several draft chains: the one-chain formula does not apply" if impl.caps.draft_width > 1
          else None)
 @given(pair=context_free_pairs())
 def test_tokens_per_call_matches_formula(impl, pair):
@@ -230,7 +230,7 @@ def test_tokens_per_call_matches_formula(impl, pair):
     a = acceptance_rate(target.table, draft.table)
     got = sum(emitted * prob for (emitted, _), prob in rounds.items())
     expected, tol = tokens_per_call(a, pair.gamma), FLOAT64_IDENTITY * (pair.gamma + 1)
-    if impl.cap("adaptive_gamma"):
+    if impl.caps.adaptive_gamma:
         assert 1 - tol <= got <= expected + tol, (f"{impl.name}: {got!r} tokens per target call, outside [1, "
                                                   f"{expected!r}] (a={a:.4f}, adaptive gamma <= {pair.gamma})")
         return
@@ -255,12 +255,12 @@ def no_bonus(rounds: dict, gamma: int, all_accepted: float) -> str:
 def test_draft_equal_to_target_accepts_everything(impl, data):
     """With draft = target every draft token is accepted: gamma + 1 tokens from each single target call
     (drafted + 1 for a sampler that drafts fewer where it likes, caps adaptive_gamma)."""
-    case = data.draw(speculative_cases(max_gamma=3, width=impl.cap("draft_width", 1)), label="case")  # V^gamma runs
+    case = data.draw(speculative_cases(max_gamma=3, width=impl.caps.draft_width), label="case")  # V^gamma runs
     target, _ = case.models()
     rounds = enumerated(first_round, impl, target, target, list(case.prompt), gamma=case.gamma,
                         budget=case.gamma + 1, timeout_s=ENUMERATION_LIMIT_S)
     full = sum(prob for (emitted, calls), prob in rounds.items() if calls == 1 and (
-        emitted == case.gamma + 1 or impl.cap("adaptive_gamma")))
+        emitted == case.gamma + 1 or impl.caps.adaptive_gamma))
     assert full >= 1 - FLOAT64_IDENTITY, (f"{impl.name}: with draft = target the first round gave {rounds} "
                                           "((tokens, target calls): probability)" + no_bonus(rounds, case.gamma, 1.0))
     out = call(impl, target, target, list(case.prompt), gamma=case.gamma, max_new_tokens=3 * (case.gamma + 1),
@@ -288,7 +288,7 @@ def tiny_models_missing(impl) -> str | None:
 @applies(greedy)
 @applies(tiny_models_missing)
 @applies(lambda impl: "multi-draft on 65 tokens: V^(width gamma) draft trees per round, minutes to enumerate "
-         "(exactness is checked on small tables)" if impl.cap("draft_width", 1) > 1 else None)
+         "(exactness is checked on small tables)" if impl.caps.draft_width > 1 else None)
 def test_matches_target_distribution_on_tiny_models(impl):
     """The tiny target with the good draft, gamma = 2, from BOS, stopping at EOS: the exact distribution of the
     first T tokens (T = 2 here; T = 3 under the thorough profile: ~45,000 sampler runs, a few seconds a
@@ -328,7 +328,7 @@ BAD_INPUTS = {  # name -> (target rows, draft rows, gamma, the argument the mess
 def test_rejects_bad_input(impl):
     """Bad probabilities, gamma < 1 and differing vocabularies raise ValueError naming the argument."""
     for name, (p, q, gamma, argument) in BAD_INPUTS.items():
-        if impl.cap("draft") is False and "draft" in name:
+        if not impl.caps.draft and "draft" in name:
             continue  # a sampler without a draft never reads it
         assert_rejected(impl, name, _table(p), _table(q), [0], gamma=gamma, max_new_tokens=4, rng=TorchRng(0),
                         names=(argument,))
@@ -345,7 +345,7 @@ def fit_models():
     return target, TableLM(probability_table(3, 1, 0.3, g))
 
 
-@applies(lambda impl: None if impl.cap("rng") == "own" else "enumerable: checked by matches_target_distribution")
+@applies(lambda impl: None if impl.caps.rng == "own" else "enumerable: checked by matches_target_distribution")
 def test_goodness_of_fit(impl):
     """Chi-square of sampled outputs against the exact target distribution: detects a total-variation
     distance of DELTA with probability >= POWER, false alarm ALPHA; the sample size follows from these."""

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.devices import available, unavailable_reason
+from harness.devices import available
 from harness.guard import call_limit, guarded_call
 from harness.references.attention import (
     attention_lse64,
@@ -20,19 +20,18 @@ from harness.references.attention import (
     attention_plain,
     attention_score_conditioning,
 )
-from harness.runner import applies, needs_cap, needs_dtype
+from harness.runner import needs_cap, needs_dtype
 from harness.strategies.attention import attention_cases
 from harness.tolerance import HIGH_PRECISION, assert_earned, dtype_of
 
 TECHNIQUE = "attention"
 
 
-@applies(unavailable_reason)
 @needs_cap("triton", "a Triton kernel")
 @given(data=st.data())
 def test_triton_output_and_lse_match_reference(impl, data):
     case = data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices),
-                                     max_len=impl.cap("max_len", 300)), label="case")
+                                     max_len=impl.caps.max_len or 300), label="case")
     q, k, v = case.tensors()
     o, lse = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, return_lse=True,
                           arg_names=("q", "k", "v"), timeout_s=call_limit(impl))
@@ -46,7 +45,6 @@ def test_triton_output_and_lse_match_reference(impl, data):
                   what=f"{impl.name} L vs float64 logsumexp")
 
 
-@applies(unavailable_reason)
 @needs_cap("triton", "a Triton kernel")
 @needs_dtype(*HIGH_PRECISION)
 @given(data=st.data())
@@ -56,7 +54,7 @@ def test_triton_large_logits(impl, data):
     half precision earns no bound there."""
     dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
     case = data.draw(attention_cases(dtypes=dtypes, devices=available(impl.devices),
-                                     max_len=impl.cap("max_len", 130), magnitude=st.floats(1e3, 1e4)), label="case")
+                                     max_len=impl.caps.max_len or 130, magnitude=st.floats(1e3, 1e4)), label="case")
     q, k, v = case.tensors()
     o = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, arg_names=("q", "k", "v"),
                      timeout_s=call_limit(impl))

@@ -63,8 +63,9 @@ def test_fewest_stored_activations_near_sqrt_L(L):
         f"L={L}: fewest stored activations at k={best}, not near sqrt(L)={math.sqrt(L):.2f}")
 
 
-def test_seed_example_16_layers():
-    """The seeds' example: L = 16 layers, k = 4 stores 8 activations, the fewest of any k (17 without checkpoints)."""
+def test_worked_example_16_layers():
+    """A worked example of sqrt(L) segments (Chen et al. 2016, Sec. 3): L = 16 layers, k = 4 stores 8 activations,
+    the fewest of any k (17 without checkpoints)."""
     peaks = {k: peak_stored(16, k) for k in range(1, 17)}
     assert peaks[4] == 8 == min(peaks.values())
     assert peaks[1] == peaks[16] == 17

@@ -1,9 +1,10 @@
-"""The published asv dashboard (results/html), opened in a real headless Chromium.
+"""The asv dashboard, published from the committed results into a temporary folder and opened in a real
+headless Chromium.
 
-Serves the directory on localhost, waits for asv's JavaScript to render the benchmark list and a
-graph, checks that every benchmarks/bench_<technique>.py appears and that the graph has data
-points, and saves a screenshot to results/dashboard.png.  Chromium and its driver come from
-Debian's packages; the fixture installs them when missing and it runs as root.
+Serves the folder on localhost, waits for asv's JavaScript to render the benchmark list and a graph,
+checks that every benchmarks/bench_<technique>.py appears and that the graph has data points, and saves
+a screenshot next to the published pages.  Chromium and its driver come from Debian's packages; the
+fixture installs them when missing and it runs as root.
 """
 
 import functools
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.dashboard import publish
+
 ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / "results" / "html"
-SCREENSHOT = ROOT / "results" / "dashboard.png"
 TECHNIQUE_FILES = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
 GRAPH = "bench_paging.ServingSimulator.track_utilization"
 
@@ -40,9 +41,15 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def server():
-    assert (HTML / "index.html").is_file(), "results/html is not published: run `asv publish` first"
-    handler = functools.partial(QuietHandler, directory=str(HTML))
+def html(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dashboard")
+    assert publish(out) == 0, "asv publish of the committed results failed"
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(html):
+    handler = functools.partial(QuietHandler, directory=str(html))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/index.html"
@@ -71,14 +78,14 @@ def _wait(browser, script: str, timeout: float = 60.0):
     return WebDriverWait(browser, timeout, poll_frequency=0.25).until(lambda b: b.execute_script(ready + script))
 
 
-def test_every_technique_is_listed(server, browser):
+def test_every_technique_is_listed(html, server, browser):
     """asv lists one machine and environment at a time; over the published ones (each page opened with its
     full parameter selection, as the machine buttons do) every benchmarks/bench_<technique>.py is listed."""
     import json
     from urllib.parse import quote
 
     listed = {}
-    for params in json.loads((HTML / "index.json").read_text())["graph_param_list"]:
+    for params in json.loads((html / "index.json").read_text())["graph_param_list"]:
         query = "&".join(f"{quote(k)}={quote('[none]' if v is None else v)}" for k, v in params.items())
         browser.get(f"{server}#/summarylist?{query}")
         browser.refresh()  # a new hash alone does not re-render the list
@@ -91,10 +98,10 @@ def test_every_technique_is_listed(server, browser):
         f"{m}: {sorted(set(n))[:8]}" for m, n in listed.items())
 
 
-def test_a_graph_shows_data_points(server, browser):
+def test_a_graph_shows_data_points(html, server, browser):
     browser.get(f"{server}#{GRAPH}")
     points = _wait(browser, "var p = $('#main-graph').data('plot'); if (!p) return null;"
                             "var n = 0; p.getData().forEach(function(s){ s.data.forEach(function(d){"
                             " if (d[1] !== null) n++; }); }); return n || null;")
-    browser.save_screenshot(str(SCREENSHOT))
+    browser.save_screenshot(str(html / "dashboard.png"))
     assert points > 0, f"graph {GRAPH} rendered without data points"

@@ -1,7 +1,7 @@
 """Properties of the IO model (harness/iomodel.py): the twins compute attention and move exactly
 the paper's number of elements between HBM and SRAM, never holding more than M on chip.
 
-Traffic is counted by running the twins; the closed forms are separate functions, and the seeds'
+Traffic is counted by running the twins; the closed forms are separate functions, and the hand-worked
 worked numbers (Dao et al. 2022 and the issue's exercise) are compared with what the code computes.
 """
 
@@ -170,7 +170,7 @@ def test_causal_blocks_of_a_ragged_length(T, B, short):
 
 
 def test_seeds_exercise_N4096_d128_Br128():
-    """The seeds' exercise: standard 69,206,016 elements vs FA-2 34,607,104 (2.0x), both counted by
+    """The worked exercise: standard 69,206,016 elements vs FA-2 34,607,104 (2.0x), both counted by
     running the twins at that size on the meta device (shapes only, no arithmetic).  FA-2 traffic
     does not depend on Bc (test_fa2_twin_traffic_is_closed_form), so large key blocks keep this fast."""
     N, d, Br = 4096, 128, 128

@@ -1,4 +1,4 @@
-"""The roofline estimator (harness/roofline.py): its worked numbers, computed, against the seeds'."""
+"""The roofline estimator (harness/roofline.py): its worked numbers, computed, against worked examples done by hand."""
 
 import math
 

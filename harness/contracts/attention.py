@@ -14,20 +14,44 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
 from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class AttentionCaps(BatchedCaps):
+    returns_lse: bool = cap(False, "accepts return_lse=True and then returns (o, L), L the natural-log logsumexp "
+                                   "of the scaled, masked scores (what the backward recomputes P from)")
+    max_len: int | None = cap(None, "the longest Nq / Nk it affords (an interpreted kernel): properties draw up to "
+                                    "it, and the long-sequence properties skip")
+    tiled: bool = cap(False, "a tiled kernel that never materializes an (Nq, Nk) matrix (benchmarked as one)")
+    Br: int | None = cap(None, "query rows per tile (tiled kernels)")
+    Bc: int | None = cap(None, "keys per tile (tiled kernels)")
+    io: Literal["fa1", "fa2"] | None = cap(None, "the loop order whose HBM traffic harness/iomodel.py models")
+    split: int | None = cap(None, "keys per split-K partition (Flash-Decoding)")
+    oracle: bool = cap(False, "the float64 definition itself, the reference every property compares with")
+    nan_caveat: str | None = cap(None, "a documented way NaN inputs fail to propagate (the NaN property then skips, "
+                                       "quoting it)")
+    triton: bool = cap(False, "a Triton kernel (also checked by the Triton output-and-L property)")
+    masked_rows: Literal["zeros", "unspecified"] = cap(
+        "zeros", "what a query row that sees no key returns: zeros (the contract), or unspecified (unchecked)")
+
 
 ATTENTION = define(
     Technique(
         name="attention",
         signature="attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> Tensor",
         summary="exact softmax(q k^T * scale) v with GQA and bottom-right causal alignment",
-        properties="properties.test_attention",
+        properties=("properties.test_attention", "properties.test_triton_attention"),
         reference="reference",
+        caps=AttentionCaps,
     )
 )
 
@@ -83,12 +107,21 @@ def causal_allowed(Nq: int, Nk: int, rows: slice = slice(None), cols: slice = sl
 
 
 def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None):
-    """Call an implementation under guard and check the promised output."""
+    """Call an implementation under guard and check the promised output.  For an implementation declaring
+    ``masked_rows="unspecified"`` the rows that see no key are set to the contract's zeros before any check."""
     out = guarded_call(impl.fn, q, k, v, causal=causal, scale=scale, arg_names=("q", "k", "v"),
                        timeout_s=call_limit(impl))
+    if impl.caps.masked_rows == "unspecified" and isinstance(out, torch.Tensor) and out.shape == q.shape:
+        out = out.masked_fill(~sees_a_key(q.shape[2], k.shape[2], causal, out.device)[:, None], 0)
     return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)
 
 
-def declared_max_len(impl):
+def sees_a_key(Nq: int, Nk: int, causal: bool, device=None) -> torch.Tensor:
+    """Bool (Nq,): whether query row i sees at least one key (with causal, iff i + Nk - Nq >= 0)."""
+    rows = torch.arange(Nq, device=device)
+    return (rows + Nk - Nq >= 0) & (Nk > 0) if causal else torch.full((Nq,), Nk > 0, device=device)
+
+
+def declared_max_len(impl: Impl) -> str | None:
     """The skip reason of the long-sequence properties for a kernel that declares a largest length."""
-    return impl.cap("max_len") and f"declares max_len={impl.cap('max_len')}: the other properties draw up to it"
+    return f"declares max_len={impl.caps.max_len}: the other properties draw up to it" if impl.caps.max_len else None

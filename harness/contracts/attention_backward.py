@@ -21,12 +21,26 @@ Forward implementations (technique "attention") that can also return L declare
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
 from harness.contracts.attention import check_inputs
 from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class AttentionBackwardCaps(Caps):
+    max_len: int | None = cap(None, "the longest Nq / Nk it affords (an interpreted kernel): properties draw up to "
+                                    "it, and the long-sequence properties skip")
+    tiled: bool = cap(False, "never stores an (Nq, Nk) matrix (checked by the peak-memory property)")
+    Br: int | None = cap(None, "query rows per tile (tiled kernels)")
+    Bc: int | None = cap(None, "keys per tile (tiled kernels)")
+    oracle: bool = cap(False, "the float64 definition itself (autograd through the reference forward)")
+    triton: bool = cap(False, "a Triton kernel")
 
 ATTENTION_BACKWARD = define(
     Technique(
@@ -34,8 +48,9 @@ ATTENTION_BACKWARD = define(
         signature="attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None)"
                   " -> (dq, dk, dv)",
         summary="gradients dq, dk, dv of exact attention from (q, k, v, o, lse, dO)",
-        properties="properties.test_attention_backward",
+        properties=("properties.test_attention_backward",),
         reference="reference",
+        caps=AttentionBackwardCaps,
     )
 )
 

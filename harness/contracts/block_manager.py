@@ -48,11 +48,19 @@ and change nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
 from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class BlockManagerCaps(Caps):
+    prefix_caching: bool = cap(True, "lookup_prefix returns cached blocks of earlier prompts (every manager must)")
+    swap: bool = cap(True, "swap_out / swap_in move a sequence to CPU blocks and back (every manager must)")
 
 BLOCK_MANAGER = define(
     Technique(
@@ -60,8 +68,9 @@ BLOCK_MANAGER = define(
         signature="make(num_blocks, block_size, storage, *, num_cpu_blocks=0) -> manager "
                   "(allocate, append, fork, free, lookup_prefix, swap_out, swap_in, block_table, ref_count, ...)",
         summary="paged KV-cache bookkeeping: block tables, ref counts, copy-on-write, prefix cache, swap",
-        properties="properties.test_block_manager",
+        properties=("properties.test_block_manager",),
         reference="",
+        caps=BlockManagerCaps,
     )
 )
 

@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from harness.capabilities import BatchedCaps
 from harness.contracts import Technique, define
 from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
@@ -40,7 +41,8 @@ KVCACHE = define(
         signature="kvcache(model: GPT, max_len: int) -> Decoder with .prefill(prompts: list[LongTensor]) -> "
                   "(B, V) and .step(tokens: LongTensor (B,)) -> (B, V)",
         summary="incremental decoding: prefill ragged prompts, then one token per step, equal to the full forward",
-        properties="properties.test_kvcache",
+        properties=("properties.test_kvcache",),
+        caps=BatchedCaps,
         reference="recompute",
     )
 )

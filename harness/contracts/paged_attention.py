@@ -24,13 +24,21 @@ Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttenti
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
 from harness.contracts.attention import check_causal
 from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class PagedAttentionCaps(BatchedCaps):
+    partition_tokens: int | None = cap(None, "keys per partition of a split-K (vLLM v2) kernel; None: one pass")
+    compiled: bool = cap(False, "a compiled C kernel whose loop order is fixed by logical key order")
 
 PAGED_ATTENTION = define(
     Technique(
@@ -38,8 +46,9 @@ PAGED_ATTENTION = define(
         signature="paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal: bool = False, "
                   "scale: float | None = None) -> Tensor",
         summary="exact attention over K/V gathered through per-sequence block tables (vLLM PagedAttention)",
-        properties="properties.test_paged_attention",
+        properties=("properties.test_paged_attention", "properties.test_paged_attention_compiled"),
         reference="",
+        caps=PagedAttentionCaps,
     )
 )
 

@@ -47,19 +47,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
+from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
 from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.lm import LM, check_distribution
 from harness.registry import Impl
+
+
+@dataclass(frozen=True)
+class SpeculativeCaps(BatchedCaps):
+    rng: Literal["harness", "own"] = cap("harness", "'own': draws from torch's RNG itself, so it is checked "
+                                                    "statistically instead of by exact enumeration")
+    greedy: bool = cap(False, "deterministic (argmax) decoding: checked against the target's greedy continuation")
+    draft: bool = cap(True, "reads the draft model; False: plain autoregressive sampling")
+    draft_width: int = cap(1, "draft chains per round (a multi-draft / tree sampler)")
+    markov: bool = cap(True, "rounds depend only on the tokens so far; False: state carried between rounds "
+                             "(enumerated run by run)")
+    adaptive_gamma: bool = cap(False, "drafts fewer than gamma tokens where it likes: tokens per call is bounded "
+                                      "by the fixed-gamma formula, not equal to it")
+
 
 SPECULATIVE = define(
     Technique(
         name="speculative",
         signature="sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation",
         summary="sampling with a draft model whose output distribution is exactly the target's",
-        properties="properties.test_speculative",
+        properties=("properties.test_speculative",),
         reference="autoregressive",
+        caps=SpeculativeCaps,
     )
 )
 
@@ -125,7 +142,8 @@ def call(impl: Impl, target: LM, draft: LM | None, prompt: list[int], *, gamma: 
          rng, eos: int | None = None) -> Generation:
     """Call an implementation under guard and check the promised output."""
     out = guarded_call(impl.fn, target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng,
-                       eos=eos, arg_names=("target", "draft", "prompt"), timeout_s=call_limit(impl))
+                       eos=eos, arg_names=("target", "draft", "prompt"), timeout_s=call_limit(impl),
+                       owns_torch_rng=impl.caps.rng == "own")
     tokens = list(getattr(out, "tokens", out) if out is not None else [])
     if out is None or not all(isinstance(t, int) and 0 <= t < target.vocab_size for t in tokens):
         raise ContractViolation(f"{impl.name}: returned {out!r}, expected a Generation of token ids")

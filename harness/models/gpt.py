@@ -1,9 +1,10 @@
-"""A decoder-only transformer, written plainly (nanoGPT): pre-LayerNorm blocks, causal self-attention
-through the registered attention contract, MHA or GQA, learned or rotary positions.
+"""A decoder-only transformer, written plainly (nanoGPT): pre-LayerNorm blocks, causal self-attention,
+MHA or GQA, learned or rotary positions.
 
 `forward_with(idx, positions, attend)` runs the network with a caller-supplied attention
-``attend(layer, q, k, v) -> y``: plain `forward` passes the attention contract with bottom-right
-causal masking; a KV cache passes a function that stores k, v and attends over the cache.
+``attend(layer, q, k, v) -> y``: plain `forward` passes `causal_attention` (PyTorch's SDPA, bottom-right
+causal); a KV cache passes a function that stores k, v and attends over the cache, and a registered
+attention kernel is tried in the model by passing it (``lambda layer, q, k, v: impl.fn(q, k, v, causal=True)``).
 Rotary positions: Su et al. 2021, "RoFormer", section 3.4 (the half-split form of GPT-NeoX).
 """
 
@@ -29,7 +30,6 @@ class GPTConfig:
     n_embd: int = 128
     positions: str = "rotary"  # "rotary" or "learned"
     rope_base: float = 10000.0
-    attention: str = "sdpa"  # a registered attention implementation
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -44,6 +44,35 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v, query i seeing key j <= i + Nk - Nq (bottom-right: new queries see the whole
+    cache); q (B, H, Nq, d), k, v (B, Hkv, Nk, d) with Nq <= Nk.  SDPA's is_causal is top-left, so it serves
+    Nq = Nk only; one query sees every key and needs no mask."""
+    Nq, Nk, gqa = q.shape[2], k.shape[2], q.shape[1] != k.shape[1]
+    if Nq == Nk or Nq == 1:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=Nq > 1, enable_gqa=gqa)
+    allowed = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril(Nk - Nq)  # (Nq, Nk)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=gqa)
+
+
+class ConcatCache:
+    """The plainest KV cache: per layer, keys and values concatenated along the sequence.  `attend` is
+    `GPT.forward_with`'s hook; `truncate(n)` forgets every position from n on (rejected draft tokens)."""
+
+    def __init__(self) -> None:
+        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if layer in self.layers:
+            old_k, old_v = self.layers[layer]
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)  # (B, Hkv, t, d)
+        self.layers[layer] = (k, v)
+        return causal_attention(q, k, v)
+
+    def truncate(self, length: int) -> None:
+        self.layers = {layer: (k[:, :, :length], v[:, :, :length]) for layer, (k, v) in self.layers.items()}
 
 
 def rotary(positions: torch.Tensor, d: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,10 +143,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, V); positions (B, T) default to 0..T-1."""
-        from harness.registry import get  # the registry imports impls/, which import this module
-
-        attention = get("attention", self.cfg.attention).fn
-        return self.forward_with(idx, positions, lambda layer, q, k, v: attention(q, k, v, causal=True))
+        return self.forward_with(idx, positions, lambda layer, q, k, v: causal_attention(q, k, v))
 
     def forward_with(self, idx: torch.Tensor, positions: torch.Tensor | None, attend: Attend, *,
                      checked: bool = False) -> torch.Tensor:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from harness.models.gpt import GPT, GPTConfig, nll_loss
+from harness.models.gpt import GPT, ConcatCache, GPTConfig, nll_loss
 from harness.models.world import TEST_SEED, TOKENIZER, Tokenizer, corpus, is_grammatical
 
 WEIGHTS = Path(__file__).parent / "weights"
@@ -76,25 +76,15 @@ def nll_per_token(model: GPT, docs: list[list[int]], batch_size: int = 100) -> f
 @torch.no_grad()
 def sample(model: GPT, n_docs: int, seed: int, temperature: float = 1.0, batch_size: int = 100) -> list[list[int]]:
     """Documents sampled from BOS with a concatenating KV cache; each ends at its first EOS."""
-    from harness.registry import get
-
-    attention = get("attention", model.cfg.attention).fn
     gen = torch.Generator().manual_seed(seed)
     docs: list[list[int]] = []
     for start in range(0, n_docs, batch_size):
         B = min(batch_size, n_docs - start)
         tokens = torch.full((B, 1), TOKENIZER.bos, dtype=torch.long)  # (B, 1)
-        cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def attend(layer, q, k, v, cache=cache):
-            if layer in cache:
-                k, v = torch.cat([cache[layer][0], k], dim=2), torch.cat([cache[layer][1], v], dim=2)  # (B,Hkv,t,d)
-            cache[layer] = (k, v)
-            return attention(q, k, v, causal=True)  # bottom-right: the new query sees every cached key
-
+        cache = ConcatCache()
         for t in range(model.cfg.block_size - 1):
             positions = torch.full((B, 1), t, dtype=torch.long)  # (B, 1)
-            logits = model.forward_with(tokens[:, -1:], positions, attend)[:, -1]  # (B, V)
+            logits = model.forward_with(tokens[:, -1:], positions, cache.attend)[:, -1]  # (B, V)
             nxt = torch.multinomial(torch.softmax(logits.double() / temperature, -1), 1, generator=gen)  # (B, 1)
             tokens = torch.cat([tokens, nxt], dim=1)
             if bool((tokens == TOKENIZER.eos).any(dim=1).all()):

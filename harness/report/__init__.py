@@ -11,64 +11,19 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "results" / "report"
+from harness import provenance
+from harness.report.document import SECTIONS, Report
 
 
-@dataclass
-class Report:
-    out: Path
-    lines: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-
-    def heading(self, text: str, level: int = 2) -> None:
-        self.lines += ["", "#" * level + " " + text, ""]
-
-    def caption(self, text: str) -> None:
-        self.lines += [f"*{text}*", ""]
-
-    def text(self, text: str) -> None:
-        self.lines += [text, ""]
-
-    def table(self, header: list[str], rows: list[list], caption: str | None = None) -> None:
-        if caption:
-            self.caption(caption)
-        self.lines.append("| " + " | ".join(header) + " |")
-        self.lines.append("|" + "---|" * len(header))
-        for row in rows:
-            self.lines.append("| " + " | ".join(_fmt(c) for c in row) + " |")
-        self.lines.append("")
-
-    def figure(self, fig, name: str, caption: str) -> None:
-        import matplotlib.pyplot as plt
-
-        fig.tight_layout()
-        fig.savefig(self.out / f"{name}.png", dpi=110)
-        plt.close(fig)
-        self.caption(caption)
-        self.lines += [f"![{caption}]({name}.png)", ""]
-
-
-SECTIONS: list[tuple[str, Callable[[Report], None]]] = []
-
-
-def section(title: str) -> Callable[[Callable[[Report], None]], Callable[[Report], None]]:
-    def add(fn: Callable[[Report], None]) -> Callable[[Report], None]:
-        SECTIONS.append((title, fn))
-        return fn
-
-    return add
-
-
-def write_report(out: Path = DEFAULT_OUT, only: list[str] | None = None) -> Path:
+def write_report(out: Path | None = None, only: list[str] | None = None) -> Path:
+    """Write README.md and its plots into ``out`` (default: the report folder of this machine's results)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from harness.report import sections  # noqa: F401 - registers the sections
+    out = out or provenance.output_root() / "report"
+    from harness.report import external, sections  # noqa: F401 - registers the sections
 
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out)
@@ -134,9 +89,3 @@ def machine_line() -> str:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {gpu}"
-
-
-def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)

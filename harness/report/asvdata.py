@@ -15,7 +15,7 @@ import json
 import math
 from functools import cache
 
-from harness.report import ROOT
+from harness.provenance import ROOT
 
 RESULTS = ROOT / "results"
 

@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 
-from harness.report import Report, section
+from harness.report.document import Report, section
 
-MARKS = {"pass": "pass", "FAIL": "**FAIL**", "skip": "skip"}
+MARKS = {"pass": "pass", "FAIL": "**FAIL**", "skip": "skip", "upstream": "upstream", "stale": "**stale**"}
 
 
 def _verdicts(name: str) -> list[dict]:
-    """Verdicts saved by `python -m harness run`; computed now when absent."""
-    from harness import cli
+    """Verdicts that `python -m harness run` saved for this machine; computed now (ci profile) when absent."""
+    from harness import provenance, runner
+    from harness.contracts import load_techniques
+    from harness.registry import impls
 
-    path = cli.VERDICTS / f"{name}.json"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        args = argparse.Namespace(profile="ci", json=str(path), jobs=1)
+    path = provenance.output_root() / "verdicts" / f"{name}.json"
+    if path.is_file():
+        document = json.loads(path.read_text())
         if name == "mutants":
-            cli.cmd_mutants(argparse.Namespace(technique=None, **vars(args)))
-        else:
-            cli.cmd_check(argparse.Namespace(technique=name, impl=[], plugin=[], property=[], **vars(args)))
-    return json.loads(path.read_text())
+            return [v for t in document["techniques"] for v in t["verdicts"]]
+        return document["verdicts"]
+    if name == "mutants":
+        results = [r for t in sorted(load_techniques()) for r in runner.kill_mutants(t, profile="ci")]
+    else:
+        results = runner.check(name, [runner.Target(name, name=i.name) for i in impls(name)], profile="ci")
+    return [v.as_dict() for r in results for v in r.verdicts]
 
 
 @section("Conformance: implementation x property")
@@ -151,8 +154,8 @@ def attention_io(r: Report) -> None:
                                   "standard attention only once M exceeds 3 d^2 (dotted), then saves ~M / 3d^2.")
     std, fa2 = iomodel.standard_traffic(4096, 4096, 128), iomodel.fa2_traffic(4096, 4096, 128, 128)
     r.table(["N", "d", "Br", "standard", "FA-2", "ratio"], [[4096, 128, 128, f"{std:,}", f"{fa2:,}", std / fa2]],
-            caption="The seeds' exercise, computed by the closed forms the IO twins are tested against "
-                    "(seeds: 69,206,016 vs 34,607,104, 2.0x).")
+            caption="A worked exercise, computed by the closed forms the IO twins are tested against "
+                    "(by hand: 69,206,016 vs 34,607,104 elements, 2.0x).")
 
 
 @section("Attention: forward and backward memory")
@@ -219,11 +222,12 @@ def kv_cache(r: Report) -> None:
     longest = max(key[2] for key in ratio)
     r.table(["implementation", "width d", "n", "recompute / cached"],
             [[k[0], k[3], k[2], v] for k, v in sorted(ratio.items()) if k[1] == "cpu" and k[2] == longest],
-            caption="Cached vs recompute generation at the largest n (goal >= 10x at n = 512; the seeds saw 7.7x).")
+            caption="Cached vs recompute generation at the largest n (goal >= 10x at n = 512).")
     prefill = values("bench_kvcache.PrefillVsDecode.track_decode_over_prefill")
     r.table(["implementation", "decode 256 one by one / prefill 256"],
             [[key[0], val] for key, val in sorted(prefill.items()) if key[1] == "cpu"],
-            caption="Per-token cost of decoding vs prefilling the same 256 tokens (the seeds saw ~27x).")
+            caption="Per-token cost of decoding vs prefilling the same 256 tokens (~27x when this benchmark was "
+                    "written).")
     roof = values("bench_kvcache.MemoryRoofline.track_fraction_of_matvec_bandwidth")
     r.table(["implementation", "weight bytes per step / step time, fraction of matvec bandwidth"],
             [[key[0], val] for key, val in sorted(roof.items()) if key[1] == "cpu"],
@@ -238,8 +242,8 @@ def paging(r: Report) -> None:
         results = sim.run_scenario(name, progress=True)
         header = ["metric", *(m.policy for m in results)]
         r.table(header, [[label, *cells] for label, cells in sim.rows(results)],
-                caption=f"Scenario ({name}): paging lifts utilization and the running batch; the seeds saw "
-                        "reserve-max ~28%, paged ~96-98%, batch 32 -> 134, ~2.2x throughput.")
+                caption=f"Scenario ({name}): paging lifts utilization and the running batch (recorded when the "
+                        "scenarios were written: reserve-max ~28%, paged ~96-98%, batch 32 -> 134, ~2.2x throughput).")
     sweep = sim.block_size_sweep("a")
     r.table(["block size", "wasted tokens per request", "(block - 1) / 2"], [[b, w, (b - 1) / 2] for b, w in sweep],
             caption="Internal fragmentation per request is half a block on average.")

@@ -1,4 +1,5 @@
 """Serving simulator: continuous batching under reserve-max, oracle-contiguous and paged memory policies.
 
-``python -m harness.simulator`` prints both canned scenarios side by side with the seeds' numbers.
+``python -m harness.simulator`` prints both canned scenarios side by side with the numbers recorded when they
+were written.
 """

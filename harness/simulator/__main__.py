@@ -1,4 +1,4 @@
-"""``python -m harness.simulator [--impl NAME] [--no-progress]``: both scenarios, side by side with the seeds."""
+"""``python -m harness.simulator [--impl NAME] [--no-progress]``: both scenarios, with their recorded numbers."""
 
 import argparse
 

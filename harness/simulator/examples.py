@@ -1,7 +1,7 @@
 """Worked examples of block sharing, computed by running a registered block manager.
 
 The numbers they are compared with come from the vLLM paper (Sec. 4.4, parallel sampling) and the
-seeds; here they are *counted*: blocks in use in the manager's pool after the requests ran.
+by hand; here they are *counted*: blocks in use in the manager's pool after the requests ran.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Side-by-side tables of the policies on the canned scenarios, next to the seeds' published numbers."""
+"""Side-by-side tables of the policies on the canned scenarios, next to the numbers recorded when they were written."""
 
 from __future__ import annotations
 
 from harness.simulator.engine import Metrics, Paged, oracle, reserve_max, simulate
 from harness.simulator.workload import SCENARIOS, Scenario
 
-# What the seeds reported (targets to compare with, not inputs to anything): utilization of
+# Recorded when the scenarios were written (to compare with, not inputs to anything): utilization of
 # reserve-max ~28% (vLLM paper: 20-38%), paged ~96-98%, paged waste ~1%, mean batch 32 -> 134, ~2.2x.
-SEEDS = {
+RECORDED = {
     "utilization (queued steps)": {"reserve_max": "~28%", "paged16": "96-98%"},
     "paged waste = reserved + internal": {"paged16": "~1%"},
     "mean running batch (queued steps)": {"reserve_max": "32", "paged16": "134"},
@@ -51,10 +51,10 @@ def table(name: str, results: list[Metrics]) -> str:
     names = [m.policy for m in results]
     head = [f"scenario ({name}): {sc.n_requests} requests, budget {sc.budget:,} tokens, outputs capped at "
             f"{sc.max_output}; averages over steps with requests queued / over all steps",
-            f"{'metric':<36}" + "".join(f"{n:>14}" for n in names) + "   seeds"]
+            f"{'metric':<36}" + "".join(f"{n:>14}" for n in names) + "   recorded"]
     lines = []
     for label, cells in rows(results):
-        seeds = ", ".join(f"{k} {v}" for k, v in SEEDS.get(label, {}).items())
+        seeds = ", ".join(f"{k} {v}" for k, v in RECORDED.get(label, {}).items())
         lines.append(f"{label:<36}" + "".join(f"{c:>14}" for c in cells) + (f"   {seeds}" if seeds else ""))
     return "\n".join(head + lines)
 

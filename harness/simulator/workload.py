@@ -1,4 +1,4 @@
-"""Seeded request workloads and the two canned scenarios of the issue (numbers from the seeds' runs)."""
+"""Seeded request workloads and the two canned scenarios (a steady load, a burst)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ full or partial, so empty blocks are skipped (the causal block skipping of Flash
 from the mask).  Here mask_mod is the bottom-right causal rule, query i sees key j iff
 j <= i + Nk - Nq.  Called eagerly, as the property suite calls it, flex_attention runs its unfused
 reference path (the scores are materialised): a check of the mask and GQA semantics, not a fast
-kernel; `torch.compile(flex_attention)` is the fused kernel, timed by bench_attention.FlexCompiled.
+kernel; ``compiled=True`` calls `torch.compile(flex_attention)`, the fused kernel that
+bench_attention.FlexCompiled times (the properties never pass it: one compile per shape).
 Rows that see no key (Nq > Nk) are zeroed as the contract requires.  Dong et al. 2024,
 "Flex Attention: A Programming Model for Generating Optimized Attention Kernels", Sec. 3.
 """
@@ -22,8 +23,16 @@ from harness.registry import register
 
 @register("attention", "flex", devices=("cpu", "cuda"),
           cite="Dong et al. 2024, Flex Attention, Sec. 3 (eager: unfused reference path)")
-def flex(q, k, v, *, causal=False, scale=None):
-    return flex_call(q, k, v, causal=causal, scale=scale, attention=eager_flex_attention())
+def flex(q, k, v, *, causal=False, scale=None, compiled=False):
+    attention = compiled_flex_attention() if compiled else eager_flex_attention()
+    return flex_call(q, k, v, causal=causal, scale=scale, attention=attention)
+
+
+@functools.cache
+def compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
 
 
 def flex_call(q, k, v, *, causal, scale, attention):

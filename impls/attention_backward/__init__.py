@@ -1,1 +1,14 @@
-"""Attention backward implementations (contract: harness/contracts/attention_backward.py)."""
+"""Attention backward implementations (contract: harness/contracts/attention_backward.py).
+
+The entry point of this technique (pyproject.toml, group harness.impls): importing the package registers
+every implementation and mutant listed below.
+"""
+
+from impls.attention_backward import (  # noqa: F401 - imported to register
+    fa2,
+    fa2_forward_lse,
+    mutants,
+    naive,
+    reference,
+    triton_fa2,
+)

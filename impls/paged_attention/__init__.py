@@ -1,1 +1,12 @@
-"""Paged attention implementations (contract: harness/contracts/paged_attention.py)."""
+"""Paged attention implementations (contract: harness/contracts/paged_attention.py).
+
+The entry point of this technique (pyproject.toml, group harness.impls): importing the package registers
+every implementation and mutant listed below.
+"""
+
+from impls.paged_attention import (  # noqa: F401 - imported to register
+    blockwise,
+    compiled,
+    gather,
+    mutants,
+)

@@ -1,0 +1,101 @@
+"""pytest plugin (entry point ``pytest11``): the harness's properties inside any project's pytest session.
+
+In another project, after ``pip install llm-inference-harness``::
+
+    pytest --pyargs properties.test_attention --harness-impl attention=my_pkg.kernels:attention
+
+runs every attention property against ``my_pkg.kernels.attention`` (a function, optionally marked with
+`harness.declare`, or an `Impl` record), with pytest's normal reporting: one test per property, a visible
+skip with its reason where the implementation does not declare what a property needs.  ``--harness-impl``
+may be repeated (several implementations or techniques); ``--harness-profile dev|ci|thorough`` picks the
+Hypothesis profile (default ci).  Without ``--harness-impl`` a property is parametrized over the registered
+implementations of its technique (this project's own test suite).
+
+The plugin does nothing to a session that collects none of the harness's property modules.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.profiles import PROFILES
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "llm-inference-harness properties")
+    group.addoption("--harness-impl", action="append", default=[], metavar="TECHNIQUE=MODULE:ATTR",
+                    help="check this implementation (a module attribute or FILE.py:ATTR), not the registered ones")
+    group.addoption("--harness-profile", choices=PROFILES, default=None,
+                    help="Hypothesis profile for the harness's properties (default: ci with --harness-impl)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from harness.profiles import load
+
+    profile = config.getoption("--harness-profile") or ("ci" if config.getoption("--harness-impl") else None)
+    if profile:
+        load(profile, prefix="harness-")
+    if config.getoption("--harness-impl"):
+        config.stash[_CHOSEN] = _chosen(config.getoption("--harness-impl"))
+
+
+_CHOSEN = pytest.StashKey[dict]()
+
+
+def _chosen(specs: list[str]) -> dict:
+    """{technique: [Impl]} of the ``--harness-impl`` options; a usage error names the bad one."""
+    from harness.contracts import load_techniques
+    from harness.plugins import load_plugin
+
+    if not os.environ.get("TRITON_INTERPRET"):
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run under its CPU interpreter here
+    chosen: dict[str, list] = {}
+    for spec in specs:
+        technique, sep, where = spec.partition("=")
+        if not sep or technique not in load_techniques():
+            raise pytest.UsageError(f"--harness-impl must be TECHNIQUE=MODULE:ATTR with TECHNIQUE one of "
+                                    f"{', '.join(sorted(load_techniques()))}; got {spec!r}")
+        try:
+            chosen.setdefault(technique, []).append(load_plugin(where, technique))
+        except Exception as exc:
+            raise pytest.UsageError(f"--harness-impl {spec}: {type(exc).__name__}: {exc}") from exc
+    return chosen
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "impl" not in metafunc.fixturenames:
+        return
+    technique = _technique_of(metafunc.function.__module__)
+    if technique is None:
+        return
+    from harness.registry import KNOWN_FAILURES, impls
+    from harness.runner import Property
+
+    chosen = metafunc.config.stash.get(_CHOSEN, None)
+    candidates = chosen.get(technique, []) if chosen is not None else impls(technique)
+    prop = Property(metafunc.function.__name__, metafunc.function, metafunc.function.__module__)
+    cases = []
+    for impl in candidates:
+        reason = prop.skip_reason(impl)
+        known = KNOWN_FAILURES.get((technique, impl.name, prop.name.removeprefix("test_")))
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        if known and not reason:  # strict: a recorded failure that stops reproducing fails the run, as `stale` does
+            marks.append(pytest.mark.xfail(strict=True, reason=f"known upstream failure of {known.library} "
+                                                               f"{known.version}: {known.what}"))
+        cases.append(pytest.param(impl, id=impl.name, marks=marks))
+    if not cases:
+        cases = [pytest.param(None, id="none", marks=[pytest.mark.skip(
+            reason=f"no {technique} implementation was given (--harness-impl {technique}=MODULE:ATTR)")])]
+    metafunc.parametrize("impl", cases)
+
+
+def _technique_of(module: str) -> str | None:
+    """The technique whose property modules include ``module``, or None (not one of ours)."""
+    from harness.contracts import load_techniques
+
+    return next((t.name for t in load_techniques().values() if module in t.properties), None)
