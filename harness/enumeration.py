@@ -37,9 +37,12 @@ to, one level at a time, go to ``workers`` forked processes; this process compos
 worker memoizes model calls on its own, and what a model caches itself in a worker (`PerPrefix` rows)
 stays there: a reference that must see the same float32 rows is computed before the enumeration.
 
-Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on stderr splits the time
-into the sampler's own code, model calls and the enumerator, and names drafts past the budget, the usual
-cause; past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow` error.
+Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on stderr (and, inside
+`check`, printed at once by the parent) splits the time into the sampler's own code, model calls and the
+enumerator; past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow` error.  The
+usual cause, a round drafting past its budget (tokens that are never emitted, each multiplying the branches
+by V), stops the enumeration at that round's target call with `DraftsPastBudget`, naming the contract's
+budget rule.
 
 The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs and
 19-29 s on two shared cores when a round ended at the first call ending in its last categorical draw and
@@ -66,6 +69,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from harness import isolation
 from harness.lm import LM, check_distribution, check_probability
 from harness.tolerance import PROBABILITY_SUM
 
@@ -189,14 +193,22 @@ class _Cut(BaseException):  # BaseException: a sampler's `except Exception` must
         self.emitted, self.depth, self.calls = emitted, depth, calls
 
 
+class _PastBudget(BaseException):  # BaseException: a sampler's `except Exception` must not swallow it
+    """Raised at a round's target call that verifies more drafts than the round may emit."""
+
+    def __init__(self, drafted: int, budget: int) -> None:
+        self.drafted, self.budget = drafted, budget
+
+
 class _Run:
     """The watch on the current run: target calls, and where each prefix was last called after the first
     target call (the choices made by then, the target calls made by then)."""
 
-    __slots__ = ("prompt", "cut", "rng", "target_calls", "seen", "drafted")
+    __slots__ = ("prompt", "cut", "rng", "target_calls", "seen", "drafted", "budget_rule")
 
-    def __init__(self) -> None:
+    def __init__(self, budget_rule: bool = True) -> None:
         self.drafted = (0, 0)  # (k, budget) of the round that drafted the furthest past its budget (k >= budget)
+        self.budget_rule = budget_rule  # a round drafting past its budget stops the enumeration (_PastBudget)
 
     def start(self, prompt: tuple[int, ...], cut: bool, rng: ReplayRng) -> None:
         self.prompt, self.cut, self.rng, self.target_calls, self.seen = prompt, cut, rng, 0, {}
@@ -212,6 +224,8 @@ class _Run:
                 self.boundary(xs, n)
         elif is_target:
             k = max(len(x) for x in xs) - len(self.prompt)  # the drafts a first target call verifies
+            if k > budget and self.budget_rule:
+                raise _PastBudget(k, budget)
             if k >= budget and k - budget >= self.drafted[0] - self.drafted[1]:
                 self.drafted = (k, budget)
         if is_target:
@@ -337,6 +351,17 @@ class EnumerationTooSlow(AssertionError):
     """The enumeration ran past its deadline; the message says where the time went."""
 
 
+class DraftsPastBudget(AssertionError):
+    """A round drafted more tokens than it may emit: the contract's budget rule (harness/contracts/speculative.py)."""
+
+    def __init__(self, drafted: int, budget: int, vocab_size: int) -> None:
+        super().__init__(
+            f"breaks the contract's budget rule: a round drafted {drafted} token(s) with {budget} left to emit "
+            f"(max_new_tokens - len(out)).  A draft past the budget is never emitted, costs a draft call, and "
+            f"multiplies the branches to enumerate by up to V = {vocab_size} (minutes on the tiny models): draft "
+            f"k = min(gamma, max_new_tokens - len(out) - 1) tokens, leaving room for the bonus token")
+
+
 def tokens_of(generation) -> list[int]:
     return list(getattr(generation, "tokens", generation))
 
@@ -360,7 +385,8 @@ def default_workers() -> int:
 def exact_distribution(
     sampler: Callable, target: LM, draft: LM | None, prompt: Sequence[int], *, gamma: int, T: int,
     eos: int | None = None, merge: bool = True, progress: bool = False, workers: int | None = None,
-    parallel_after_runs: int = PARALLEL_AFTER_RUNS, deadline_s: float | None = None, **kwargs,
+    parallel_after_runs: int = PARALLEL_AFTER_RUNS, deadline_s: float | None = None, budget_rule: bool = True,
+    **kwargs,
 ) -> Enumeration:
     """The exact distribution of the first T tokens ``sampler`` generates (a budget of T tokens).
 
@@ -368,7 +394,8 @@ def exact_distribution(
     available; 1 never forks) that take the pending branches of the current round state, then whole round
     states, one level of rounds at a time; this process composes the rounds.  The result is the same
     distribution, summed in another order; a sampler's exception is raised here with the worker's
-    traceback as its cause.  Past ``deadline_s`` seconds it raises `EnumerationTooSlow`.
+    traceback as its cause.  Past ``deadline_s`` seconds it raises `EnumerationTooSlow`; at the first round
+    that drafts past its budget, `DraftsPastBudget` (``budget_rule=False`` enumerates such a sampler anyway).
     """
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
@@ -381,7 +408,7 @@ def exact_distribution(
 
     name = getattr(sampler, "__qualname__", repr(sampler))
     enumerator = _Enumerator(call, target, draft, eos, merge, workers, parallel_after_runs, progress,
-                             _Deadline(name, deadline_s))
+                             _Deadline(name, deadline_s), budget_rule=budget_rule)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
@@ -405,7 +432,9 @@ class _Deadline:
     def check(self, enumerator: _Enumerator) -> None:
         wall = time.perf_counter() - self.start
         if wall >= self.next_note:
-            print(f"enumeration note: {enumerator.note(self.name, wall)}", file=sys.stderr, flush=True)
+            line = f"enumeration note: {enumerator.note(self.name, wall)}"
+            print(line, file=sys.stderr, flush=True)
+            isolation.note(line)  # printed by `check` as it happens, not only in the verdict
             self.next_note = 2 * max(self.next_note, wall)
         if self.limit is not None and wall >= self.limit:
             raise EnumerationTooSlow(f"stopped at its deadline ({self.limit:g} s): {enumerator.note(self.name, wall)}")
@@ -418,9 +447,10 @@ class _Enumerator:
     finished outputs with the distributions of the round states its cut runs lead to."""
 
     def __init__(self, call: Callable, target: LM, draft: LM | None, eos: int | None, merge: bool, workers: int,
-                 parallel_after_runs: int, progress: bool, deadline: _Deadline, count_calls: bool = False) -> None:
+                 parallel_after_runs: int, progress: bool, deadline: _Deadline, count_calls: bool = False,
+                 budget_rule: bool = True) -> None:
         self.call, self.eos, self.merge, self.parallel_after_runs = call, eos, merge, parallel_after_runs
-        self.run, self.clock, self.deadline, self.count_calls = _Run(), _Clock(), deadline, count_calls
+        self.run, self.clock, self.deadline, self.count_calls = _Run(budget_rule), _Clock(), deadline, count_calls
         self.patterns: dict[tuple, bool | None] = {}  # a round state's last-draw patterns -> confirmed by a run?
         self.target = _Model(target, self.run, True, self.clock)
         self.draft = _Model(draft, self.run, False, self.clock) if draft is not None else None
@@ -475,6 +505,8 @@ class _Enumerator:
             except _Cut as cut:
                 done, tokens, depth, calls = False, cut.emitted, cut.depth, cut.calls
                 check_output([], budget, V, given, ctx)
+            except _PastBudget as past:
+                raise DraftsPastBudget(past.drafted, past.budget, V) from None
             clock.runs += time.perf_counter() - start
             clock.draws += rng.seconds
             found.runs += 1

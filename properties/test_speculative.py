@@ -16,7 +16,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from harness.contracts.speculative import call
-from harness.enumeration import EnumerationTooSlow, exact_distribution, first_round, max_difference
+from harness.enumeration import DraftsPastBudget, EnumerationTooSlow, exact_distribution, first_round, max_difference
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call
 from harness.lm import TableLM, TorchRng
 from harness.references.speculative import autoregressive_distribution, greedy_tokens
@@ -53,12 +53,13 @@ def enumerate_impl(impl, target, draft, prompt, *, gamma, T, eos=None, timeout_s
                       timeout_s=timeout_s)
 
 
-_TOO_SLOW: dict[int, EnumerationTooSlow] = {}  # id(impl.fn) -> the first enumeration that ran past its deadline
+_TOO_SLOW: dict[int, AssertionError] = {}  # id(impl.fn) -> its first enumeration past the deadline or the budget
 
 
 def enumerated(enumerate_fn, impl, *args, timeout_s: float, **kwargs):
     """``enumerate_fn(impl.fn, *args)`` under guard, stopped at nine tenths of ``timeout_s`` with a verdict that
-    says where the time went (`EnumerationTooSlow`).  Like a hang, that poisons the sampler: later
+    says where the time went (`EnumerationTooSlow`), or at the first round that drafts past its budget
+    (`DraftsPastBudget`: the contract's budget rule).  Like a hang, either poisons the sampler: later
     enumerations fail at once, so that Hypothesis shrinks without waiting out every deadline."""
     if id(impl.fn) in _TOO_SLOW:
         raise _TOO_SLOW[id(impl.fn)]
@@ -66,7 +67,7 @@ def enumerated(enumerate_fn, impl, *args, timeout_s: float, **kwargs):
         return guarded_call(enumerate_fn, impl.fn, *args, deadline_s=0.9 * timeout_s, timeout_s=timeout_s,
                             hang_owner=impl.fn, **kwargs)
     except ContractViolation as exc:
-        if isinstance(exc.__cause__, EnumerationTooSlow):
+        if isinstance(exc.__cause__, EnumerationTooSlow | DraftsPastBudget):
             _TOO_SLOW[id(impl.fn)] = exc.__cause__
             raise exc.__cause__ from None
         raise

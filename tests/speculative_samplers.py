@@ -12,6 +12,8 @@ speculative --plugin tests/speculative_samplers.py:NAME` gives the same).
   its coin -- every property passes.
 * exact_no_bonus: never takes the bonus token -- exact, but breaks the bonus rule, which the properties that
   reject it name.
+* past_budget: drafts gamma tokens every round, also past max_new_tokens, and cuts the output there -- exact,
+  but every draft that can never be emitted multiplies the enumeration by V: the verdict says so at once.
 """
 
 import torch
@@ -37,11 +39,11 @@ def coin_draw(rng, probs) -> int:
 
 
 def rounds_of(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None, draw=None, spare=False,
-              to_budget=False, bonus=True):
+              to_budget=False, bonus=True, past_budget=False):
     """Leviathan et al. 2023, Algorithm 1, with its variations: ``draw(rng, probs)`` draws the replacement and
     bonus tokens, ``spare`` draws each round's last token again from a one-hot row, ``to_budget`` drafts up to
     max_new_tokens (a round that reaches it with its drafts ends with no draw), ``bonus=False`` never takes
-    the bonus."""
+    the bonus, ``past_budget`` drafts gamma whatever is left and cuts the output at max_new_tokens."""
     check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
     target, draft = validated(target, "target"), validated(draft, "draft")
     draw = draw or (lambda rng, probs: int(rng.categorical(probs)))
@@ -49,7 +51,7 @@ def rounds_of(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None, dr
     while len(out) < max_new_tokens and (not out or out[-1] != eos):
         ctx = [*prompt, *out]
         left = max_new_tokens - len(out)
-        k = min(gamma, left if to_budget or not bonus else left - 1)
+        k = gamma if past_budget else min(gamma, left if to_budget or not bonus else left - 1)
         xs, qs = [], []
         for _ in range(k):
             q = draft([ctx + xs])[0, -1]  # (V,)
@@ -68,7 +70,7 @@ def rounds_of(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None, dr
             rng.categorical(torch.nn.functional.one_hot(torch.tensor(new[-1]), p.shape[-1]).double())
         if eos in new:
             new = new[: new.index(eos) + 1]
-        out += new
+        out += new[:left]
         rounds.append(Round(drafted=k, accepted=n, target_calls=1))
     return Generation(out, rounds)
 
@@ -87,3 +89,7 @@ def kept_drafts(target, draft, prompt, **kw):
 
 def exact_no_bonus(target, draft, prompt, **kw):
     return rounds_of(target, draft, prompt, bonus=False, **kw)
+
+
+def past_budget(target, draft, prompt, **kw):
+    return rounds_of(target, draft, prompt, past_budget=True, **kw)

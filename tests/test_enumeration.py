@@ -165,8 +165,24 @@ def test_a_slow_enumeration_says_where_its_time_went(monkeypatch, capsys):
     target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
     monkeypatch.setattr(enumeration, "NOTE_AFTER_S", 0.0)
     with pytest.raises(enumeration.EnumerationTooSlow, match="stopped at its deadline") as raised:
-        exact_distribution(overdraft, target, draft, [0], gamma=3, T=2, workers=1, deadline_s=0.0)
+        exact_distribution(overdraft, target, draft, [0], gamma=3, T=2, workers=1, deadline_s=0.0,
+                           budget_rule=False)
     for says in ("the sampler's own code", "model calls", "the enumerator", "a round drafted 3 token(s) with",
                  "draft at most max_new_tokens - len(out) - 1"):
         assert says in str(raised.value), f"{says!r} missing from: {raised.value}"
     assert "enumeration note: overdraft" in capsys.readouterr().err
+
+
+def test_drafting_past_the_budget_stops_at_once_naming_the_rule():
+    """A round that verifies more drafts than it may emit breaks the contract's budget rule: the enumeration
+    stops at that round's target call (its first run), not at a deadline; drafting exactly up to the budget
+    is allowed."""
+    from harness.enumeration import DraftsPastBudget
+
+    target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
+    with pytest.raises(DraftsPastBudget, match="budget rule: a round drafted 3 token.s. with 2 left") as raised:
+        exact_distribution(overdraft, target, draft, [0], gamma=3, T=2, workers=1)
+    assert "min(gamma, max_new_tokens - len(out) - 1)" in str(raised.value)
+    to_budget = exact_distribution(overdraft, target, draft, [0], gamma=1, T=2, workers=1)  # k = min(1, budget)
+    err, where = max_difference(to_budget.dist, autoregressive_distribution(target, [0], 2))
+    assert err <= FLOAT64_IDENTITY, f"drafts up to the budget: P{where} off by {err:.3g}"
