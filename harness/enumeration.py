@@ -354,12 +354,13 @@ class EnumerationTooSlow(AssertionError):
 class DraftsPastBudget(AssertionError):
     """A round drafted more tokens than it may emit: the contract's budget rule (harness/contracts/speculative.py)."""
 
-    def __init__(self, drafted: int, budget: int, vocab_size: int) -> None:
-        super().__init__(
-            f"breaks the contract's budget rule: a round drafted {drafted} token(s) with {budget} left to emit "
-            f"(max_new_tokens - len(out)).  A draft past the budget is never emitted, costs a draft call, and "
-            f"multiplies the branches to enumerate by up to V = {vocab_size} (minutes on the tiny models): draft "
-            f"k = min(gamma, max_new_tokens - len(out) - 1) tokens, leaving room for the bonus token")
+
+def past_budget(drafted: int, budget: int, vocab_size: int) -> DraftsPastBudget:
+    return DraftsPastBudget(
+        f"breaks the contract's budget rule: a round drafted {drafted} token(s) with {budget} left to emit "
+        f"(max_new_tokens - len(out)).  A draft past the budget is never emitted, costs a draft call, and "
+        f"multiplies the branches to enumerate by up to V = {vocab_size} (minutes on the tiny models): draft "
+        f"k = min(gamma, max_new_tokens - len(out) - 1) tokens, leaving room for the bonus token")
 
 
 def tokens_of(generation) -> list[int]:
@@ -412,6 +413,8 @@ def exact_distribution(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
+        if budget_rule and T > 1:
+            enumerator.probe_budget(tuple(prompt))
         result = expanded(*enumerator.dist(tuple(prompt), T))
     finally:
         torch.set_num_threads(threads)
@@ -506,7 +509,7 @@ class _Enumerator:
                 done, tokens, depth, calls = False, cut.emitted, cut.depth, cut.calls
                 check_output([], budget, V, given, ctx)
             except _PastBudget as past:
-                raise DraftsPastBudget(past.drafted, past.budget, V) from None
+                raise past_budget(past.drafted, past.budget, V) from None
             clock.runs += time.perf_counter() - start
             clock.draws += rng.seconds
             found.runs += 1
@@ -648,6 +651,19 @@ class _Enumerator:
                 rounds[state].expand()
             level = list(dict.fromkeys((ctx + t, budget - len(t)) for ctx, budget in level
                                        for t in rounds[(ctx, budget)].cut if (ctx + t, budget - len(t)) not in rounds))
+
+    def probe_budget(self, ctx: tuple[int, ...]) -> None:
+        """One run from ``ctx`` with one token left: a sampler that drafts past its budget shows it here, at
+        once, instead of in the last rounds of an enumeration whose first rounds may take minutes."""
+        rng = ReplayRng([], self.eos, self.vocab_size)
+        self.run.start(ctx, False, rng)
+        self.set_budget(1)
+        try:
+            self.call(self.target, self.draft, list(ctx), 1, rng)
+        except _PastBudget as past:
+            raise past_budget(past.drafted, past.budget, self.vocab_size) from None
+        except Exception:  # noqa: BLE001 - a probe only: the enumeration proper reports what the sampler raises
+            pass
 
     def dist(self, ctx: tuple[int, ...], budget: int) -> tuple[dict, dict]:
         """The distribution from round state (ctx, budget) as (outputs -> P, head -> P(head + (o,)) over o):

@@ -62,7 +62,8 @@ def enumerated(enumerate_fn, impl, *args, timeout_s: float, **kwargs):
     (`DraftsPastBudget`: the contract's budget rule).  Like a hang, either poisons the sampler: later
     enumerations fail at once, so that Hypothesis shrinks without waiting out every deadline."""
     if id(impl.fn) in _TOO_SLOW:
-        raise _TOO_SLOW[id(impl.fn)]
+        first = _TOO_SLOW[id(impl.fn)]
+        raise type(first)(*first.args)  # a new exception: Hypothesis adds its notes to the one it catches
     try:
         return guarded_call(enumerate_fn, impl.fn, *args, deadline_s=0.9 * timeout_s, timeout_s=timeout_s,
                             hang_owner=impl.fn, **kwargs)

@@ -180,7 +180,7 @@ def test_drafting_past_the_budget_stops_at_once_naming_the_rule():
     from harness.enumeration import DraftsPastBudget
 
     target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
-    with pytest.raises(DraftsPastBudget, match="budget rule: a round drafted 3 token.s. with 2 left") as raised:
+    with pytest.raises(DraftsPastBudget, match="budget rule: a round drafted 3 token.s. with 1 left") as raised:
         exact_distribution(overdraft, target, draft, [0], gamma=3, T=2, workers=1)
     assert "min(gamma, max_new_tokens - len(out) - 1)" in str(raised.value)
     to_budget = exact_distribution(overdraft, target, draft, [0], gamma=1, T=2, workers=1)  # k = min(1, budget)

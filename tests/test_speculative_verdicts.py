@@ -1,6 +1,7 @@
 """Correct samplers at the edges of the speculative contract get the verdict its text predicts
 (harness/contracts/speculative.py): a plain list has no round records, a round ends where the next target
-call says whatever its last draw, and the bonus rule is named where it is broken.
+call says whatever its last draw, and the bonus and budget rules are named where they are broken (drafting
+past max_new_tokens fails at once, where it used to run into the tiny models' deadline after minutes).
 
 The samplers are tests/speculative_samplers.py; each is run through the properties the contract's clause
 decides (`harness.runner`, as `python -m harness check` runs them), the other properties being the
@@ -14,6 +15,7 @@ from harness.runner import properties_of, run_property
 from tests import speculative_samplers
 
 BONUS_RULE = "the contract's bonus rule"
+BUDGET_RULE = "the contract's budget rule"
 EXPECTED = {  # sampler -> {property: (status, what its message must say)}
     "list_sampler": {"round_records_add_up": ("skip", "plain list of tokens"),
                      "matches_target_distribution": ("pass", "")},
@@ -29,6 +31,9 @@ EXPECTED = {  # sampler -> {property: (status, what its message must say)}
                        "draft_equal_to_target_accepts_everything": ("FAIL", BONUS_RULE),
                        "round_records_add_up": ("FAIL", "bonus rule"),
                        "matches_target_distribution": ("pass", "")},
+    "past_budget": {"matches_target_distribution": ("FAIL", BUDGET_RULE),
+                    "matches_target_distribution_on_tiny_models": ("FAIL", BUDGET_RULE),
+                    "round_records_add_up": ("pass", "")},
 }
 
 
