@@ -664,6 +664,7 @@ class _Enumerator:
             raise past_budget(past.drafted, past.budget, self.vocab_size) from None
         except Exception:  # noqa: BLE001 - a probe only: the enumeration proper reports what the sampler raises
             pass
+        self.run.drafted = (0, 0)  # the hint in slow notes is about the enumeration's own rounds
 
     def dist(self, ctx: tuple[int, ...], budget: int) -> tuple[dict, dict]:
         """The distribution from round state (ctx, budget) as (outputs -> P, head -> P(head + (o,)) over o):
