@@ -44,10 +44,11 @@ usual cause, a round drafting past its budget (tokens that are never emitted, ea
 by V), stops the enumeration at that round's target call with `DraftsPastBudget`, naming the contract's
 budget rule.
 
-The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs and
-19-29 s on two shared cores when a round ended at the first call ending in its last categorical draw and
-every outcome was a run; 22,475 runs (687,321 outcomes settled) and 2-3 s now
-(`bench_speculative.EnumerationGoal`).  Of the time, about 45% is the sampler's own code (its tensor
+The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs when
+a round ended at the first call ending in its last categorical draw and every outcome was a run; 22,475 runs
+now in one process (687,321 outcomes settled; forked, each worker confirms its own last-draw patterns:
+~22,500).  On two cores shared at load 14-22, 19-29 s where the old enumeration took 115-217 s
+(`bench_speculative.EnumerationGoal` tracks seconds and runs).  Of the time, about 45% is the sampler's own code (its tensor
 indexing), 25% the target's and draft's forward passes, 30% the enumerator (half of it building the
 274,625-entry distribution).
 """
