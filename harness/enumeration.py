@@ -48,9 +48,9 @@ The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round 
 a round ended at the first call ending in its last categorical draw and every outcome was a run; 22,475 runs
 now in one process (687,321 outcomes settled; forked, each worker confirms its own last-draw patterns:
 ~22,500).  On two cores shared at load 14-22, 19-29 s where the old enumeration took 115-217 s
-(`bench_speculative.EnumerationGoal` tracks seconds and runs).  Of the time, about 45% is the sampler's own
-code (its tensor indexing), 25% the target's and draft's forward passes, 30% the enumerator (half of it
-building the 274,625-entry distribution).
+(`bench_speculative.EnumerationGoal` tracks seconds and runs).  Of the time (`Enumeration.split`, summed over
+the workers, at load 20) about a third is the sampler's own code (its tensor indexing), 45% the target's and
+draft's forward passes, a quarter the enumerator (much of it building the 274,625-entry distribution).
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
 * The budget rule (efficiency, part of the contract): a round drafts at most max_new_tokens - len(out) tokens,
   the tokens it may still emit (``min(gamma, max_new_tokens - len(out) - 1)`` leaves room for the bonus).  A
   draft past the budget is never emitted, costs a draft call and multiplies the branches to enumerate by V:
-  the enumerating properties stop at the first such round, failing with `DraftsPastBudget`, which names
-  this rule, within seconds.
+  the enumerating properties stop at the first such round, failing with `harness.enumeration.DraftsPastBudget`,
+  which names this rule, within seconds.
 * The bonus rule (efficiency, part of the contract): a round that accepts all its k drafts also emits a
   bonus token from the target's next row p_{k+1}, k + 1 tokens for one target call, so that tokens per call
   is the formula (1 - a^(k+1)) / (1 - a) of Leviathan et al. 2023, section 3.1.  A sampler that never takes
