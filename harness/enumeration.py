@@ -1,29 +1,35 @@
 """Exact output distributions of samplers written against `harness.lm.Rng`, by visiting every branch.
 
-A sampler is re-run from the start once per branch with a `ReplayRng` that follows a recorded prefix of
-choices and, at the first new choice, takes the first outcome of non-zero probability and pushes the
-others as new prefixes (each with its probability): a depth-first search over choice sequences.  Each
-run's probability is the product of the probabilities of its choices, in float64; zero-probability
-outcomes are never visited; model calls are memoized by prefix, a miss scoring all V siblings of the
-prefix in one batched call.
+A sampler is re-run once per branch with a `ReplayRng` that follows a recorded prefix of choices and,
+past it, takes the first outcome of non-zero probability of each new choice and records the choice.
+When the run ends, the alternatives of the choices that belong to the round are pushed as new prefixes
+(each with its probability): a depth-first search over choice sequences.  Each run's probability is the
+product of the probabilities of its round's choices, in float64; zero-probability outcomes are never
+visited; model calls are memoized by prefix, a miss scoring all V siblings of the prefix in one batched
+call.
 
-Rounds are merged (``merge=True``, the default).  The first model call after the first target call
-whose single prefix extends the prompt (by e) may start round two: if it ends in the token of the last
-categorical draw since the target call (a round ends by drawing its last token), the run is cut there
-and the rest of the distribution is the (memoized) distribution of the sampler started afresh from
-prompt + e with the budget left, composed once per distinct e; otherwise the run is played out to the
-end, which is always exact.  That call cannot tell a draft catching up on the drafted tokens before the
-draw from the start of a round that drew no last token (all drafts accepted, no bonus): both call the
-draft on the verified prefix.  A sampler whose every round ends with a draw may declare its calls
-before it catch-up calls (``catch_up=True``, from ``caps={"catch_up_calls": True}``): the watch then
-goes on to the first call that ends in a token drawn since the target call.  Cutting is exact for
+Rounds are merged (``merge=True``, the default), their boundaries read off the target calls, as the
+contract's round protocol states (harness/contracts/speculative.py): a round starts with a model call on
+the prompt and the tokens emitted so far, and its target call scores its k drafts and the position before
+them (n = k + 1).  So the second target call of a run, on prefix x scoring n positions, says that the
+first round emitted e = x[len(prompt) : len(x) - n + 1]; the round's own choices are those made before
+the last call on prompt + e (round two's start).  The run is cut at that target call, and the rest of the
+distribution is the (memoized) distribution of the sampler started afresh from prompt + e with the budget
+left, composed once per distinct e.  A second target call that names no such start is no boundary: the
+run goes on, and one that never finds one is played out, which is always exact.  Cutting is exact for
 samplers whose rounds depend only on the tokens so far (the contract asks for it: no state carried
-between rounds, such as an adaptive gamma); a sampler that carries state declares
-``caps={"markov": False}`` and is enumerated run by run.
+between rounds, such as an adaptive gamma); a sampler that carries state declares ``caps={"markov":
+False}`` and is enumerated run by run (``merge=False``: no cut, no prediction).
 
-Cost: one run per branch of a round, so at least one per distinct output of a round (V^(gamma+1) for a
-fully accepted round); a run replays its recorded choices without reading a tensor, but the sampler's
-own tensor work is repeated each time (~50 us a run for `standard` on the tiny models).
+The round's last draw is emitted as drawn (the contract's other clause): when the last choice of a round
+is a categorical over the vocabulary whose token ends the round's tokens, the round would have emitted the
+same tokens with any other token in its place.  One more of its outcomes is run to confirm it (its
+tokens, target calls and choices must follow the pattern; once per round state, last-draw position, tokens
+before it and weights: the residual after rejecting x_1 is the same whatever x_2 was), an eos outcome is
+always run, and the others are settled without a run, as a vector over the vocabulary per head: 65
+outcomes of a tiny-model bonus draw cost 2 runs instead of 65.  The eos run and the confirming run keep the
+prediction honest for samplers that stop, truncate or drop a draw; the run-by-run mode has no prediction at
+all and is what the properties compare with on small cases.
 
 Parallel: branches and round states are independent, so past ``parallel_after_runs`` runs (an enumeration
 big enough to pay for a fork) the pending branches of the current round, then the round states it leads
@@ -31,8 +37,20 @@ to, one level at a time, go to ``workers`` forked processes; this process compos
 worker memoizes model calls on its own, and what a model caches itself in a worker (`PerPrefix` rows)
 stays there: a reference that must see the same float32 rows is computed before the enumeration.
 
-The tiny target with the good draft, gamma 2, T 3 (709,796 runs over 1,970 round states) takes 26-29 s
-on two cores shared with other work.
+Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on stderr (and, inside
+`check`, printed at once by the parent) splits the time into the sampler's own code, model calls and the
+enumerator; past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow` error.  The
+usual cause, a round drafting past its budget (tokens that are never emitted, each multiplying the branches
+by V), stops the enumeration at that round's target call with `DraftsPastBudget`, naming the contract's
+budget rule.
+
+The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs when
+a round ended at the first call ending in its last categorical draw and every outcome was a run; 22,475 runs
+now in one process (687,321 outcomes settled; forked, each worker confirms its own last-draw patterns:
+~22,500).  On two cores shared at load 14-22, 19-29 s where the old enumeration took 115-217 s
+(`bench_speculative.EnumerationGoal` tracks seconds and runs).  Of the time (`Enumeration.split`, summed over
+the workers, at load 20) about a third is the sampler's own code (its tensor indexing), 45% the target's and
+draft's forward passes, a quarter the enumerator (much of it building the 274,625-entry distribution).
 """
 
 from __future__ import annotations
@@ -40,70 +58,97 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
 import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
+from harness import isolation
 from harness.lm import LM, check_distribution, check_probability
+from harness.tolerance import PROBABILITY_SUM
+
+NOTE_AFTER_S = 30.0  # an enumeration running longer prints where its time went
 
 
 class ReplayRng:
-    """Follows `path`; at each new choice takes the first possible outcome and pushes the alternatives.
-
-    A pushed alternative carries its probability (the product of its choices' weights, in order), so a
-    replayed choice is a list lookup: no tensor is read until the run goes past its recorded path.
+    """Follows `path`; at each new choice takes the first possible outcome and records the choice in `new`
+    as (weights, chosen, token_row): the caller pushes the alternatives once the run has ended and
+    it knows which choices were the round's.  A replayed choice is a list lookup: no tensor is read until
+    the run goes past its recorded path.  ``eos`` is taken last among a token row's outcomes (a run that
+    ends the document tells nothing about the others); ``vocab_size`` marks a row of token probabilities.
     """
 
-    def __init__(self, path: list[int], stack: list, prob: float = 1.0) -> None:
-        self.path, self.stack, self.taken, self.prob = path, stack, list(path), prob
-        self.depth = 0  # choices made so far in this run
+    __slots__ = ("path", "depth", "new", "eos", "vocab_size", "seconds")
 
-    def _choose(self, weights) -> int:
-        """A choice past the recorded path: take the first possible outcome, push the others."""
-        options = [i for i, w in enumerate(weights) if w > 0]
-        prob = self.prob
-        self.stack.extend((self.taken + [o], prob * weights[o]) for o in reversed(options[1:]))
-        self.taken.append(options[0])
-        self.prob = prob * weights[options[0]]
-        return options[0]
+    def __init__(self, path: list[int], eos: int | None = None, vocab_size: int | None = None) -> None:
+        self.path, self.depth, self.new = path, 0, []
+        self.eos, self.vocab_size = eos, vocab_size
+        self.seconds = 0.0  # spent in this rng's draws: the enumerator's share of a run
+
+    def _choose(self, weights: list[float], token_row: bool) -> int:
+        """A choice past the recorded path: take the first possible outcome, record the choice (its other
+        outcomes are listed only if the run turns out to own it: a round-two draw is never branched)."""
+        chosen = next(i for i, w in enumerate(weights) if w > 0)
+        if token_row and chosen == self.eos:
+            chosen = next((i for i, w in enumerate(weights) if w > 0 and i != chosen), chosen)
+        self.new.append((weights, chosen, token_row))
+        self.depth += 1
+        return chosen
 
     def categorical(self, probs: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
         depth = self.depth
-        if probs.dim() == 1 and depth < len(self.path):
-            self.depth = depth + 1
-            return _scalar(self.path[depth])
+        if probs.dim() == 1:
+            if depth < len(self.path):
+                self.depth = depth + 1
+                token = self.path[depth]
+            else:
+                weights = probs.tolist()
+                if not (min(weights, default=-1.0) >= 0 and abs(sum(weights) - 1) <= PROBABILITY_SUM):
+                    check_distribution(probs, "rng.categorical")  # raises, naming what is wrong
+                token = self._choose(weights, len(weights) == self.vocab_size)
+            self.seconds += time.perf_counter() - start
+            return _scalar(token)
         if depth >= len(self.path):
             check_distribution(probs, "rng.categorical")
-        if probs.dim() == 1:
-            self.depth = depth + 1
-            return _scalar(self._choose(probs.tolist()))
         rows = probs.reshape(-1, probs.shape[-1])  # (rows, V)
-        return torch.tensor([self._next(r) for r in rows]).reshape(probs.shape[:-1])
+        token_row = len(rows) == 1 and rows.shape[1] == self.vocab_size
+        tokens = torch.tensor([self._next(r.tolist(), token_row) for r in rows]).reshape(probs.shape[:-1])
+        self.seconds += time.perf_counter() - start
+        return tokens
 
     def bernoulli(self, probs) -> torch.Tensor:
+        start = time.perf_counter()
         depth = self.depth
-        if depth < len(self.path) and (type(probs) is float or isinstance(probs, torch.Tensor) and probs.dim() == 0):
+        one = type(probs) is float or isinstance(probs, torch.Tensor) and probs.dim() == 0
+        if one and depth < len(self.path):
             self.depth = depth + 1
+            self.seconds += time.perf_counter() - start
             return _BOOLS[self.path[depth]]
+        if type(probs) is float and 0.0 <= probs <= 1.0:  # one acceptance test, without tensor checks
+            pick = self._choose([1.0 - probs, probs], False)
+            self.seconds += time.perf_counter() - start
+            return _BOOLS[pick]
         probs = torch.as_tensor(probs, dtype=torch.float64)
         if depth >= len(self.path):
             check_probability(probs, "rng.bernoulli")
-        flat = probs.reshape(-1).tolist()
-        picks = [bool(self._next(None, x)) for x in flat]
+        picks = [bool(self._next((1.0 - x, x), False)) for x in probs.reshape(-1).tolist()]
+        self.seconds += time.perf_counter() - start
         return _BOOLS[picks[0]] if probs.dim() == 0 else torch.tensor(picks).reshape(probs.shape)
 
-    def _next(self, row, bernoulli_p: float | None = None) -> int:
+    def _next(self, weights, token_row: bool) -> int:
         depth = self.depth
-        self.depth = depth + 1
         if depth < len(self.path):
+            self.depth = depth + 1
             return self.path[depth]
-        return self._choose(row.tolist() if bernoulli_p is None else (1.0 - bernoulli_p, bernoulli_p))
+        return self._choose(list(weights), token_row)
 
 
 # Replays return shared 0-dim tensors: creating a fresh one costs more than the rest of a choice.
@@ -117,30 +162,87 @@ def _scalar(i: int) -> torch.Tensor:
     return _SCALARS[i]
 
 
+def push_alternatives(stack: list, path: list[int], prob: float, new: list, upto: int) -> float:
+    """Push the alternatives of the first ``upto`` new choices of a run along ``path`` (probability ``prob``
+    so far); return the probability of the run's own choices."""
+    taken = list(path)
+    for weights, chosen, _ in new[:upto]:
+        stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights) if w > 0 and o != chosen)
+        taken.append(chosen)
+        prob *= weights[chosen]
+    return prob
+
+
 def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Hashable, float]]:
     """Yield (outcome, probability) for every branch of ``run``; the probabilities sum to one."""
-    stack: list[tuple[list[int], float]] = [([], 1.0)]
+    stack: list = [([], 1.0, None)]
     while stack:
-        path, prob = stack.pop()
-        outcome, prob = _branch(run, path, prob, stack)
+        path, prob, _ = stack.pop()
+        rng = ReplayRng(path)
+        outcome = run(rng)
+        prob = push_alternatives(stack, path, prob, rng.new, len(rng.new))
         if bar is not None:
             bar.update()
         yield outcome, prob
 
 
-def _branch(run: Callable[[ReplayRng], Hashable], path: list[int], prob: float, stack: list):
-    """One run along ``path`` (probability ``prob``), pushing the branches it passes onto ``stack``."""
-    rng = ReplayRng(path, stack, prob)
-    try:
-        outcome = run(rng)
-    except _Cut as cut:
-        outcome = ("cut", cut.emitted)
-    return outcome, rng.prob
-
-
 class _Cut(BaseException):  # BaseException: a sampler's `except Exception` must not swallow it
-    def __init__(self, emitted: tuple[int, ...]) -> None:
-        self.emitted = emitted
+    """Raised at the target call that starts round two: round one emitted ``emitted``; its choices are the
+    first ``depth``, its target calls ``calls``."""
+
+    def __init__(self, emitted: tuple[int, ...], depth: int, calls: int) -> None:
+        self.emitted, self.depth, self.calls = emitted, depth, calls
+
+
+class _PastBudget(BaseException):  # BaseException: a sampler's `except Exception` must not swallow it
+    """Raised at a round's target call that verifies more drafts than the round may emit."""
+
+    def __init__(self, drafted: int, budget: int) -> None:
+        self.drafted, self.budget = drafted, budget
+
+
+class _Run:
+    """The watch on the current run: target calls, and where each prefix was last called after the first
+    target call (the choices made by then, the target calls made by then)."""
+
+    __slots__ = ("prompt", "cut", "rng", "target_calls", "seen", "drafted", "budget_rule")
+
+    def __init__(self, budget_rule: bool = True) -> None:
+        self.drafted = (0, 0)  # (k, budget) of the round that drafted the furthest past its budget (k >= budget)
+        self.budget_rule = budget_rule  # a round drafting past its budget stops the enumeration (_PastBudget)
+
+    def start(self, prompt: tuple[int, ...], cut: bool, rng: ReplayRng) -> None:
+        self.prompt, self.cut, self.rng, self.target_calls, self.seen = prompt, cut, rng, 0, {}
+
+    def watch(self, xs: list[tuple[int, ...]], n: int, is_target: bool, budget: int) -> None:
+        """One model call on prefixes ``xs``; raises `_Cut` at a round boundary."""
+        calls = self.target_calls
+        if calls:
+            depth = self.rng.depth
+            for x in xs:
+                self.seen[x] = (depth, calls)
+            if is_target and self.cut:
+                self.boundary(xs, n)
+        elif is_target:
+            k = max(len(x) for x in xs) - len(self.prompt)  # the drafts a first target call verifies
+            if k > budget and self.budget_rule:
+                raise _PastBudget(k, budget)
+            if k >= budget and k - budget >= self.drafted[0] - self.drafted[1]:
+                self.drafted = (k, budget)
+        if is_target:
+            self.target_calls = calls + 1
+
+    def boundary(self, xs: list[tuple[int, ...]], n: int) -> None:
+        """A target call after the first: its prefixes' common head (all but the last n - 1 tokens) names
+        the tokens round one emitted, if round two started with a call on exactly that head."""
+        heads = {x[: len(x) - n + 1] for x in xs}
+        if len(heads) != 1:
+            return
+        head, P = heads.pop(), len(self.prompt)
+        if len(head) > P and head[:P] == self.prompt:
+            start = self.seen.get(head)  # round two's first call, on prompt + e
+            if start is not None and start[0] >= len(self.rng.path):
+                raise _Cut(head[P:], *start)
 
 
 class _Model:
@@ -148,76 +250,86 @@ class _Model:
 
     Each (prefix, n) reaches the model once.  A miss scores the prefix together with its siblings (the
     same prefix ending in every other token) in one batched call: the enumeration visits every possible
-    token there, and one call over V rows costs about as much as one over a single row.  Target calls of
-    the current run are counted, and a run is cut (`_Cut`) at the first call of its second round.
+    token there, and one call over V rows costs about as much as one over a single row.
     """
 
-    def __init__(self, lm: LM, run: _Run, is_target: bool) -> None:
-        self.lm, self.vocab_size, self.run, self.is_target = lm, lm.vocab_size, run, is_target
+    def __init__(self, lm: LM, run: _Run, is_target: bool, clock: _Clock) -> None:
+        self.lm, self.vocab_size, self.run, self.is_target, self.clock = lm, lm.vocab_size, run, is_target, clock
         self.cache: dict[tuple[tuple[int, ...], int], torch.Tensor] = {}
         self.misses = 0
+        self.budget = 0  # of the round state being explored
 
     def __call__(self, prefixes, n=1):
-        run = self.run
-        if run.cut and run.target_calls and len(prefixes) == 1:
-            x, prompt = prefixes[0], run.prompt
-            if len(x) > len(prompt) and tuple(x[: len(prompt)]) == prompt:  # a call that may start round two
-                if x[-1] == run.last_draw:
-                    raise _Cut(tuple(x[len(prompt) :]))
-                run.cut = run.catch_up  # no token drawn since the target call, or another one: play this run
-                # out, unless the sampler declared that its calls before the round's last draw are catch-up calls
-        if self.is_target:
-            run.target_calls += 1
-            run.last_draw = None
+        start = time.perf_counter()
         if len(prefixes) == 1:  # the common case, without building a list
             key = (tuple(prefixes[0]), n)
+            self.run.watch([key[0]], n, self.is_target, self.budget)
             row = self.cache.get(key)
             if row is None:
                 self._fill(key[0], n)
                 row = self.cache[key]
+            self.clock.lookups += time.perf_counter() - start
             return row  # (1, n, V)
+        xs = [tuple(x) for x in prefixes]
+        self.run.watch(xs, n, self.is_target, self.budget)
         rows = []
-        for x in prefixes:
-            key = (tuple(x), n)
-            if key not in self.cache:
-                self._fill(key[0], n)
-            rows.append(self.cache[key])
+        for x in xs:
+            if (x, n) not in self.cache:
+                self._fill(x, n)
+            rows.append(self.cache[(x, n)])
+        self.clock.lookups += time.perf_counter() - start
         return torch.cat(rows)  # (B, n, V)
 
     def _fill(self, x: tuple[int, ...], n: int) -> None:
+        start = time.perf_counter()
         siblings = [x[:-1] + (v,) for v in range(self.vocab_size)]
         missing = [s for s in siblings if (s, n) not in self.cache]
         self.misses += 1
         scored = self.lm([list(s) for s in missing], n)  # (len(missing), n, V)
-        self.cache.update(((s, n), scored[i : i + 1]) for i, s in enumerate(missing))
+        rows = [scored[i : i + 1] for i in range(len(missing))]  # (1, n, V) each
+        if _distributions(scored, self.vocab_size):  # checked here at once, not row by row by `validated`
+            for row in rows:
+                row.checked_distribution = True
+        self.cache.update(zip(((s, n) for s in missing), rows, strict=True))
+        self.clock.models += time.perf_counter() - start
+
+
+def _distributions(p, vocab_size: int) -> bool:
+    """Whether every row of p (B, n, V) is a distribution over vocab_size ids (a sampler's `validated` then
+    skips its own check of each row, which costs more than the whole batch's here)."""
+    if not (isinstance(p, torch.Tensor) and p.dtype == torch.float64 and p.device.type == "cpu" and p.dim() == 3
+            and p.shape[-1] == vocab_size and p.numel() and not p.requires_grad):
+        return False
+    a = p.numpy()
+    return bool(a.min() >= 0 and np.abs(a.sum(-1) - 1).max() <= PROBABILITY_SUM)
 
 
 @dataclass
-class _Run:
-    prompt: tuple[int, ...] = ()
-    cut: bool = True
-    catch_up: bool = False  # calls between the target call and the round's last draw belong to the round
-    target_calls: int = 0
-    last_draw: int | None = None  # the token of the last categorical draw since the last target call
+class _Clock:
+    """Where an enumeration's time goes: inside the models (misses), in the sampler's code (its runs less
+    the draws and memo lookups made for it) and in the enumerator (the rest of the busy time: draws,
+    lookups, bookkeeping, composition); summed over the processes, waiting on workers left out."""
 
-    def start(self, prompt: tuple[int, ...], cut: bool) -> None:
-        self.prompt, self.cut, self.target_calls, self.last_draw = prompt, cut, 0, None
+    models: float = 0.0
+    lookups: float = 0.0  # memo lookups, misses included (models is subtracted)
+    draws: float = 0.0
+    runs: float = 0.0  # inside sampler calls, all included
+    busy: float = 0.0  # a worker's time on its tasks
+    waiting: float = 0.0  # the parent's time waiting on workers
 
+    def add(self, other: _Clock) -> None:
+        self.models += other.models
+        self.lookups += other.lookups
+        self.draws += other.draws
+        self.runs += other.runs
+        self.busy += other.busy
 
-class _WatchedRng:
-    """The rng as an enumerated sampler sees it: notes each token drawn after a target call."""
-
-    def __init__(self, rng, run: _Run) -> None:
-        self.rng, self.run = rng, run
-
-    def categorical(self, probs):
-        token = self.rng.categorical(probs)
-        if self.run.target_calls:  # one token (a batch of one too), or None for several rows
-            self.run.last_draw = int(token.reshape(-1)[0]) if token.numel() == 1 else None
-        return token
-
-    def bernoulli(self, probs):
-        return self.rng.bernoulli(probs)
+    def split(self, wall: float) -> dict[str, float]:
+        """Seconds of the sampler's own code, of model calls and of the enumerator, in an enumeration that
+        has run ``wall`` seconds in this process."""
+        sampler = max(0.0, self.runs - self.lookups - self.draws)
+        return {"sampler": sampler, "models": self.models,
+                "enumerator": max(0.0, wall - self.waiting + self.busy - sampler - self.models)}
 
 
 @dataclass
@@ -228,17 +340,35 @@ class Enumeration:
     model_calls: int  # calls that reached the models (after memoization; each worker has its own memo)
     seconds: float
     workers: int = 1  # processes that ran the sampler (1: no fork)
+    settled: int = 0  # outcomes of a round's last draw settled without a run
+    split: dict[str, float] = field(default_factory=dict)  # seconds: sampler's own code, models, enumerator
 
     @property
     def mass_error(self) -> float:
         return abs(sum(self.dist.values()) - 1.0)
 
 
+class EnumerationTooSlow(AssertionError):
+    """The enumeration ran past its deadline; the message says where the time went."""
+
+
+class DraftsPastBudget(AssertionError):
+    """A round drafted more tokens than it may emit: the contract's budget rule (harness/contracts/speculative.py)."""
+
+
+def past_budget(drafted: int, budget: int, vocab_size: int) -> DraftsPastBudget:
+    return DraftsPastBudget(
+        f"breaks the contract's budget rule: a round drafted {drafted} token(s) with {budget} left to emit "
+        f"(max_new_tokens - len(out)).  A draft past the budget is never emitted, costs a draft call, and "
+        f"multiplies the branches to enumerate by up to V = {vocab_size} (minutes on the tiny models): draft "
+        f"k = min(gamma, max_new_tokens - len(out) - 1) tokens, leaving room for the bonus token")
+
+
 def tokens_of(generation) -> list[int]:
     return list(getattr(generation, "tokens", generation))
 
 
-PARALLEL_AFTER_RUNS = 20_000  # ~1 s of runs: below this a fork (and each worker's cold memo) costs more than it saves
+PARALLEL_AFTER_RUNS = 2_000  # ~0.2 s of runs: below this a fork and the workers' cold memos cost more than they save
 MAX_WORKERS = 8
 
 
@@ -256,9 +386,9 @@ def default_workers() -> int:
 
 def exact_distribution(
     sampler: Callable, target: LM, draft: LM | None, prompt: Sequence[int], *, gamma: int, T: int,
-    eos: int | None = None, merge: bool = True, catch_up: bool = False, progress: bool = False,
-    workers: int | None = None,
-    parallel_after_runs: int = PARALLEL_AFTER_RUNS, **kwargs,
+    eos: int | None = None, merge: bool = True, progress: bool = False, workers: int | None = None,
+    parallel_after_runs: int = PARALLEL_AFTER_RUNS, deadline_s: float | None = None, budget_rule: bool = True,
+    **kwargs,
 ) -> Enumeration:
     """The exact distribution of the first T tokens ``sampler`` generates (a budget of T tokens).
 
@@ -266,28 +396,52 @@ def exact_distribution(
     available; 1 never forks) that take the pending branches of the current round state, then whole round
     states, one level of rounds at a time; this process composes the rounds.  The result is the same
     distribution, summed in another order; a sampler's exception is raised here with the worker's
-    traceback as its cause.
+    traceback as its cause.  Past ``deadline_s`` seconds it raises `EnumerationTooSlow`; at the first round
+    that drafts past its budget, `DraftsPastBudget` (``budget_rule=False`` enumerates such a sampler anyway).
     """
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"exact_distribution: workers must be an int >= 1, got {workers!r}")
     if not can_fork():  # the one check, for a default or a requested count alike
         workers = 1
-    start = time.perf_counter()
 
     def call(t, d, ctx, budget, rng):
         return sampler(t, d, ctx, gamma=gamma, max_new_tokens=budget, rng=rng, eos=eos, **kwargs)
 
-    enumerator = _Enumerator(call, target, draft, merge, catch_up, workers, parallel_after_runs, progress)
+    name = getattr(sampler, "__qualname__", repr(sampler))
+    enumerator = _Enumerator(call, target, draft, eos, merge, workers, parallel_after_runs, progress,
+                             _Deadline(name, deadline_s), budget_rule=budget_rule)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
-        result = enumerator.dist(tuple(prompt), T)
+        if budget_rule and T > 1:
+            enumerator.probe_budget(tuple(prompt))
+        result = expanded(*enumerator.dist(tuple(prompt), T))
     finally:
         torch.set_num_threads(threads)
         enumerator.close()
-    return Enumeration(result, enumerator.runs, len(enumerator.table), enumerator.model_calls(),
-                       time.perf_counter() - start, enumerator.pool.n if enumerator.pool.started else 1)
+    seconds = time.perf_counter() - enumerator.deadline.start
+    return Enumeration(result, enumerator.runs, len(enumerator.table), enumerator.model_calls(), seconds,
+                       enumerator.pool.n if enumerator.pool.started else 1, enumerator.settled,
+                       enumerator.clock.split(seconds))
+
+
+class _Deadline:
+    """Prints where the time went past NOTE_AFTER_S (then at every doubling); raises past ``limit``."""
+
+    def __init__(self, name: str, limit: float | None) -> None:
+        self.name, self.limit, self.start = name, limit, time.perf_counter()
+        self.next_note = NOTE_AFTER_S
+
+    def check(self, enumerator: _Enumerator) -> None:
+        wall = time.perf_counter() - self.start
+        if wall >= self.next_note:
+            line = f"enumeration note: {enumerator.note(self.name, wall)}"
+            print(line, file=sys.stderr, flush=True)
+            isolation.note(line)  # printed by `check` as it happens, not only in the verdict
+            self.next_note = 2 * max(self.next_note, wall)
+        if self.limit is not None and wall >= self.limit:
+            raise EnumerationTooSlow(f"stopped at its deadline ({self.limit:g} s): {enumerator.note(self.name, wall)}")
 
 
 class _Enumerator:
@@ -296,17 +450,20 @@ class _Enumerator:
     A round state is (tokens so far, budget left).  `round_of` visits its branches; `dist` composes its
     finished outputs with the distributions of the round states its cut runs lead to."""
 
-    def __init__(self, call: Callable, target: LM, draft: LM | None, merge: bool, catch_up: bool, workers: int,
-                 parallel_after_runs: int, progress: bool) -> None:
-        self.call, self.merge, self.parallel_after_runs = call, merge, parallel_after_runs
-        self.run = _Run(catch_up=catch_up)
-        self.target = _Model(target, self.run, True)
-        self.draft = _Model(draft, self.run, False) if draft is not None else None
+    def __init__(self, call: Callable, target: LM, draft: LM | None, eos: int | None, merge: bool, workers: int,
+                 parallel_after_runs: int, progress: bool, deadline: _Deadline, count_calls: bool = False,
+                 budget_rule: bool = True) -> None:
+        self.call, self.eos, self.merge, self.parallel_after_runs = call, eos, merge, parallel_after_runs
+        self.run, self.clock, self.deadline, self.count_calls = _Run(budget_rule), _Clock(), deadline, count_calls
+        self.patterns: dict[tuple, bool | None] = {}  # a round state's last-draw patterns -> confirmed by a run?
+        self.target = _Model(target, self.run, True, self.clock)
+        self.draft = _Model(draft, self.run, False, self.clock) if draft is not None else None
+        self.vocab_size = target.vocab_size
         self.pool = _Workers(workers, self.task)
         self.rounds: dict[tuple[tuple[int, ...], int], _Round] = {}  # a round state's own runs
         self.table: dict[tuple[tuple[int, ...], int], dict] = {}  # a round state's composed distribution
         self.bar = tqdm(disable=not progress, unit=" runs", desc="enumerating", mininterval=1.0)
-        self.runs = self.worker_calls = 0
+        self.runs = self.worker_calls = self.settled = 0
 
     def misses(self) -> int:
         return self.target.misses + (self.draft.misses if self.draft else 0)
@@ -314,58 +471,174 @@ class _Enumerator:
     def model_calls(self) -> int:
         return self.misses() + self.worker_calls
 
-    def one_run(self, ctx: tuple[int, ...], budget: int) -> Callable:
-        run, call, target, draft, V = self.run, self.call, self.target, self.draft, self.target.vocab_size
+    def note(self, name: str, wall: float) -> str:
+        """Where the time went so far, and the usual cause of a slow enumeration if this one shows it."""
+        split = self.clock.split(wall)
+        where = f" (summed over {self.pool.n} workers and this process)" if self.pool.started else ""
+        text = (f"{name}: {wall:.0f} s, {self.runs:,} sampler runs, {len(self.rounds):,} round states done; the "
+                f"sampler's own code {split['sampler']:.1f} s, model calls {split['models']:.1f} s, the enumerator "
+                f"{split['enumerator']:.1f} s{where}")
+        if self.run.drafted[0]:
+            text += (f"; hint: a round drafted {self.run.drafted[0]} token(s) with {self.run.drafted[1]} left to emit "
+                     f"(a draft or bonus past max_new_tokens is never emitted but multiplies the branches by up to "
+                     f"V = {self.vocab_size}): draft at most max_new_tokens - len(out) - 1")
+        return text
 
-        def go(rng):
-            run.start(ctx, self.merge)
-            out = call(target, draft, prompt := list(ctx), budget, _WatchedRng(rng, run))
-            return ("done", check_output(tokens_of(out), budget, V, prompt, ctx))
-        return go
+    def set_budget(self, budget: int) -> None:
+        self.target.budget = budget
+        if self.draft is not None:
+            self.draft.budget = budget
 
     def explore_branches(self, ctx: tuple[int, ...], budget: int, stack: list, after_run=None) -> _Round:
         """Run the branches on ``stack`` of the round started at (ctx, budget) and every branch they reach;
         ``after_run(found, state, stack)`` is called after each run and may take the rest of the stack."""
-        go, found = self.one_run(ctx, budget), _Round()
-        out, cut = found.out, found.cut
+        found, run, call, V, eos = _Round(), self.run, self.call, self.vocab_size, self.eos
+        self.patterns = {}  # (last choice's depth, done, head, target calls, its weights) -> confirmed?
+        target, draft, clock = self.target, self.draft, self.clock
+        self.set_budget(budget)
         while stack:
-            path, prob = stack.pop()
-            (kind, tokens), prob = _branch(go, path, prob, stack)
+            path, prob, confirm = stack.pop()
+            rng = ReplayRng(path, eos, V)
+            run.start(ctx, self.merge, rng)
+            given = list(ctx)
+            start = time.perf_counter()
+            try:
+                out = call(target, draft, given, budget, rng)
+                done, depth, calls = True, rng.depth, run.target_calls
+                tokens = check_output(tokens_of(out), budget, V, given, ctx)
+            except _Cut as cut:
+                done, tokens, depth, calls = False, cut.emitted, cut.depth, cut.calls
+                check_output([], budget, V, given, ctx)
+            except _PastBudget as past:
+                raise past_budget(past.drafted, past.budget, V) from None
+            clock.runs += time.perf_counter() - start
+            clock.draws += rng.seconds
             found.runs += 1
-            if kind == "done" or len(tokens) >= budget:
-                out[tokens[:budget]] += prob
-            else:
-                cut[tokens] += prob  # round one's tokens -> P(round one emits them)
+            self.settle(found, budget, path, prob, confirm, rng.new, done, tokens, depth, calls, stack)
             if after_run is not None:
                 after_run(found, (ctx, budget), stack)
         return found
 
-    def task(self, ctx: tuple[int, ...], budget: int, stack: list) -> tuple[_Round, int]:
-        """A worker's share: the whole subtree of the branches on ``stack``, and the model calls it made."""
-        before = self.misses()
-        found = self.explore_branches(ctx, budget, stack)
-        return found, self.misses() - before
+    def settle(self, found: _Round, budget: int, path: list[int], prob: float, confirm, new: list, done: bool,
+               tokens: tuple[int, ...], depth: int, calls: int, stack: list) -> None:
+        """Record a run's outcome and push the alternatives of its round's new choices (its first ``depth``
+        choices are the round's)."""
+        if depth < len(path):
+            raise AssertionError(f"the sampler made {depth} random choices when replayed along {len(path)}: its "
+                                 "draws must depend only on the tokens and its rng (declare caps rng='own' otherwise)")
+        mine = depth - len(path)  # the round's choices past the path
+        if confirm is not None:
+            _, was_done, head, was_calls, _ = confirm[0]
+            self.confirmed(found, budget, path, confirm, mine == 0 and (done, tokens, calls) == (
+                was_done, head + (path[-1],), was_calls), stack)
+        last = new[mine - 1] if mine and self.merge else None
+        if last is not None and last[2] and tokens and tokens[-1] == last[1] != self.eos and (
+                not done or len(tokens) >= budget):
+            prob = push_alternatives(stack, path, prob, new, mine - 1)
+            taken = list(path) + [c for _, c, _ in new[: mine - 1]]
+            self.last_draw(found, budget, taken, prob, last, (depth, done, tokens[:-1], calls), stack)
+        else:
+            self.record(found, budget, done, tokens, push_alternatives(stack, path, prob, new, mine), calls)
 
-    def received(self, found: _Round, calls: int) -> _Round:
+    def last_draw(self, found: _Round, budget: int, taken: list[int], prob: float, last: tuple, shape: tuple,
+                  stack: list) -> None:
+        """The round's last draw (a token row, after the choices ``taken``, at probability ``prob``) emitted
+        its token: record this outcome, push a run of eos, and settle the others -- at once if this pattern
+        (``shape``: the round's depth, done, the tokens before the draw, target calls; and the draw's weights)
+        was confirmed, else after a run of a second outcome confirms it."""
+        weights, chosen, _ = last
+        depth, done, head, calls = shape
+        eos = self.eos
+        if eos is not None and eos != chosen and weights[eos] > 0:
+            stack.append((taken + [eos], prob * weights[eos], None))
+        self.record(found, budget, done, head + (chosen,), prob * weights[chosen], calls)
+        pattern = (*shape, tuple(weights))
+        agreed = self.patterns.get(pattern)
+        if agreed:
+            self.fold(found, budget, pattern, prob, (chosen, eos))
+            return
+        second = next((o for o, w in enumerate(weights) if w > 0 and o != chosen and o != eos), None)
+        if second is None:
+            return
+        if agreed is False:  # the pattern failed before: every outcome is run
+            stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights)
+                         if w > 0 and o not in (chosen, eos))
+            return
+        self.patterns.setdefault(pattern, None)
+        stack.append((taken + [second], prob * weights[second], (pattern, prob, (chosen, eos, second))))
+
+    def confirmed(self, found: _Round, budget: int, path: list[int], confirm, agrees: bool, stack: list) -> None:
+        """The run of a last draw's second outcome ended: settle the others as its pattern says if it agrees,
+        else run them."""
+        pattern, prob, skip = confirm
+        self.patterns[pattern] = agrees
+        if agrees:
+            self.fold(found, budget, pattern, prob, skip)
+        else:
+            stack.extend((path[:-1] + [o], prob * w, None) for o, w in enumerate(pattern[4]) if w > 0 and o not in skip)
+
+    def fold(self, found: _Round, budget: int, pattern: tuple, prob: float, skip: tuple) -> None:
+        """Settle a last draw's outcomes but ``skip`` without runs: a vector over the vocabulary per head,
+        expanded once the round's runs are done."""
+        _, done, head, calls, weights = pattern
+        rest = np.array(weights)  # (V,)
+        rest[[o for o in skip if o is not None]] = 0.0
+        rest *= prob
+        self.settled += int(np.count_nonzero(rest))
+        if self.count_calls:
+            found.calls[(len(head) + 1, calls)] += float(rest.sum())
+        if len(head) >= budget:  # the drawn token lies past the budget: one outcome
+            found.out[head[:budget]] += float(rest.sum())
+            return
+        key = (done or len(head) + 1 >= budget, head)
+        found.groups[key] = found.groups[key] + rest if key in found.groups else rest
+
+    def record(self, found: _Round, budget: int, done: bool, tokens: tuple[int, ...], prob: float,
+               calls: int) -> None:
+        if done or len(tokens) >= budget:
+            found.out[tokens[:budget]] += prob
+        else:
+            found.cut[tokens] += prob  # round one's tokens -> P(round one emits them)
+        if self.count_calls:
+            found.calls[(len(tokens), calls)] += prob
+
+    def task(self, ctx: tuple[int, ...], budget: int, stack: list) -> tuple[_Round, int, _Clock, int]:
+        """A worker's share: the whole subtree of the branches on ``stack``, the model calls it made, its
+        clock and the outcomes it settled without runs."""
+        before, settled, start = self.misses(), self.settled, time.perf_counter()
+        self.clock.__init__()
+        found = self.explore_branches(ctx, budget, stack)
+        self.clock.busy = time.perf_counter() - start
+        return found, self.misses() - before, self.clock, self.settled - settled
+
+    def received(self, result: tuple[_Round, int, _Clock, int]) -> _Round:
+        found, calls, clock, settled = result
         self.runs += found.runs
         self.worker_calls += calls
+        self.clock.add(clock)
+        self.settled += settled
         self.bar.update(found.runs)
+        self.deadline.check(self)
         return found
 
     def after_run(self, found: _Round, state, stack: list) -> None:
         """Count the run; past ``parallel_after_runs``, give the pending branches to the workers."""
         self.runs += 1
         self.bar.update()
+        if not self.runs & 255:
+            self.deadline.check(self)
         if self.runs >= self.parallel_after_runs and stack and self.pool.start():
             pending = [(*state, [branch]) for branch in stack]  # the bottom of the stack, shallowest, first
             stack.clear()
-            for share, calls in self.pool.map(pending):
-                found.add(self.received(share, calls))
+            for result in self.pool.map(pending, self.clock):
+                found.add(self.received(result))
 
     def round_of(self, ctx: tuple[int, ...], budget: int) -> _Round:
         if (ctx, budget) not in self.rounds:
-            self.rounds[(ctx, budget)] = self.explore_branches(ctx, budget, [([], 1.0)], self.after_run)
-        return self.rounds[(ctx, budget)]
+            self.rounds[(ctx, budget)] = self.explore_branches(ctx, budget, [([], 1.0, None)], self.after_run)
+        found = self.rounds[(ctx, budget)]
+        found.expand()  # here, not in the workers: P(head + (o,)) travels as one vector per head
+        return found
 
     def prefetch(self, states: list) -> None:
         """Explore ``states`` and every round state they lead to in the workers, one level at a time."""
@@ -373,28 +646,47 @@ class _Enumerator:
         level = list(dict.fromkeys(s for s in states if s not in rounds))
         while level:
             level.sort(key=lambda s: -s[1])  # bigger budgets, bigger rounds: first
-            tasks = [(ctx, budget, [([], 1.0)]) for ctx, budget in level]
-            for state, (found, calls) in zip(level, self.pool.map(tasks, ordered=True), strict=True):
-                rounds[state] = self.received(found, calls)
+            tasks = [(ctx, budget, [([], 1.0, None)]) for ctx, budget in level]
+            for state, result in zip(level, self.pool.map(tasks, self.clock, ordered=True), strict=True):
+                rounds[state] = self.received(result)
+                rounds[state].expand()
             level = list(dict.fromkeys((ctx + t, budget - len(t)) for ctx, budget in level
                                        for t in rounds[(ctx, budget)].cut if (ctx + t, budget - len(t)) not in rounds))
 
-    def dist(self, ctx: tuple[int, ...], budget: int) -> dict:
+    def probe_budget(self, ctx: tuple[int, ...]) -> None:
+        """One run from ``ctx`` with one token left: a sampler that drafts past its budget shows it here, at
+        once, instead of in the last rounds of an enumeration whose first rounds may take minutes."""
+        rng = ReplayRng([], self.eos, self.vocab_size)
+        self.run.start(ctx, False, rng)
+        self.set_budget(1)
+        try:
+            self.call(self.target, self.draft, list(ctx), 1, rng)
+        except _PastBudget as past:
+            raise past_budget(past.drafted, past.budget, self.vocab_size) from None
+        except Exception:  # noqa: BLE001 - a probe only: the enumeration proper reports what the sampler raises
+            pass
+        self.run.drafted = (0, 0)  # the hint in slow notes is about the enumeration's own rounds
+
+    def dist(self, ctx: tuple[int, ...], budget: int) -> tuple[dict, dict]:
+        """The distribution from round state (ctx, budget) as (outputs -> P, head -> P(head + (o,)) over o):
+        composed with vector adds where a last draw's outcomes were settled together."""
         if (ctx, budget) in self.table:
             return self.table[(ctx, budget)]
         found = self.round_of(ctx, budget)
-        out = defaultdict(float, found.out)
-        prefetched = False
+        out, groups = found.out, found.out_groups  # composed in place: a round's own outcomes are read only here
+        if found.cut and self.pool.started:
+            self.prefetch([(ctx + t, budget - len(t)) for t in found.cut])
         # Composed once per distinct round outcome, not once per run: thousands of runs (the drafts a
         # rejection discards) end in the same tokens, and each would otherwise walk the whole sub-distribution.
         for tokens, prob in found.cut.items():
-            if self.pool.started and not prefetched:
-                self.prefetch([(ctx + t, budget - len(t)) for t in found.cut])
-                prefetched = True
-            for tail, q in self.dist(ctx + tokens, budget - len(tokens)).items():
+            tails, tail_groups = self.dist(ctx + tokens, budget - len(tokens))
+            for tail, q in tails.items():
                 out[tokens + tail] += prob * q
-        self.table[(ctx, budget)] = dict(out)
-        return self.table[(ctx, budget)]
+            for head, rest in tail_groups.items():
+                key = tokens + head
+                groups[key] = groups[key] + prob * rest if key in groups else prob * rest
+        self.table[(ctx, budget)] = out, groups
+        return out, groups
 
     def close(self) -> None:
         self.bar.close()
@@ -402,18 +694,33 @@ class _Enumerator:
 
 
 class _Round:
-    """What the runs of one round state found: outputs finished within the round, and round one's tokens
-    where a run was cut (to be composed with the distribution from there)."""
+    """What the runs of one round state found: outputs finished within the round, round one's tokens where a
+    run was cut (to be composed with the distribution from there), and (tokens, target calls) of the round."""
 
     def __init__(self) -> None:
         self.out: dict[tuple[int, ...], float] = defaultdict(float)
         self.cut: dict[tuple[int, ...], float] = defaultdict(float)
+        self.calls: dict[tuple[int, int], float] = defaultdict(float)
+        self.groups: dict[tuple[bool, tuple[int, ...]], np.ndarray] = {}  # (finished, head) -> P(head + (o,)), (V,)
+        self.out_groups: dict[tuple[int, ...], np.ndarray] = {}  # finished ones, once expanded
         self.runs = 0
 
+    def expand(self) -> None:
+        """Settled last draws: a cut one's outcomes become cuts of their own (each leads to its own round state),
+        a finished one's stay one vector per head, composed as vectors."""
+        for (finished, head), rest in self.groups.items():
+            if finished:
+                self.out_groups[head] = self.out_groups[head] + rest if head in self.out_groups else rest
+            else:
+                add_vector(self.cut, head, rest)
+        self.groups.clear()
+
     def add(self, other: _Round) -> None:
-        for mine, theirs in ((self.out, other.out), (self.cut, other.cut)):
+        for mine, theirs in ((self.out, other.out), (self.cut, other.cut), (self.calls, other.calls)):
             for k, v in theirs.items():
                 mine[k] += v
+        for k, rest in other.groups.items():
+            self.groups[k] = self.groups[k] + rest if k in self.groups else rest
         self.runs += other.runs
 
 
@@ -466,9 +773,15 @@ class _Workers:
                     _JOB = None
         return self.pool is not None
 
-    def map(self, tasks: list, ordered: bool = False) -> Iterator:
+    def map(self, tasks: list, clock: _Clock, ordered: bool = False) -> Iterator:
+        """The tasks' results, the time spent waiting for them on ``clock``."""
         results = (self.pool.imap if ordered else self.pool.imap_unordered)(_work, tasks)
-        for status, result, text in results:
+        while True:
+            start = time.perf_counter()
+            status, result, text = next(results, (None, None, None))
+            clock.waiting += time.perf_counter() - start
+            if status is None:
+                return
             if status == "error":
                 raise result from _RemoteTraceback(text)
             yield result
@@ -481,24 +794,18 @@ class _Workers:
 
 def first_round(
     sampler: Callable, target: LM, draft: LM | None, prompt: Sequence[int], *, gamma: int, budget: int,
-    eos: int | None = None, catch_up: bool = False,
+    eos: int | None = None, deadline_s: float | None = None,
 ) -> dict[tuple[int, int], float]:
-    """Exact distribution of (tokens emitted, target calls made) in the sampler's first round."""
-    run = _Run(tuple(prompt), catch_up=catch_up)
-    watched_t = _Model(target, run, True)
-    watched_d = _Model(draft, run, False) if draft is not None else None
+    """Exact distribution of (tokens emitted, target calls made) in the sampler's first round, its end read
+    off the target calls as in `exact_distribution`."""
 
-    def go(rng):
-        run.start(tuple(prompt), True)
-        given = list(prompt)
-        out = sampler(watched_t, watched_d, given, gamma=gamma, max_new_tokens=budget, rng=_WatchedRng(rng, run),
-                      eos=eos)
-        return ("done", check_output(tokens_of(out), budget, target.vocab_size, given, tuple(prompt)))
+    def call(t, d, ctx, b, rng):
+        return sampler(t, d, ctx, gamma=gamma, max_new_tokens=b, rng=rng, eos=eos)
 
-    outcomes: dict[tuple[int, int], float] = defaultdict(float)
-    for (_, tokens), prob in explore(go):
-        outcomes[(len(tokens), run.target_calls)] += prob
-    return dict(outcomes)
+    enumerator = _Enumerator(call, target, draft, eos, True, 1, PARALLEL_AFTER_RUNS, False,
+                             _Deadline(getattr(sampler, "__qualname__", repr(sampler)), deadline_s), count_calls=True)
+    found = enumerator.explore_branches(tuple(prompt), budget, [([], 1.0, None)], enumerator.after_run)
+    return dict(found.calls)
 
 
 def check_output(tokens: list, budget: int, vocab_size: int, given: list, prompt: tuple) -> tuple[int, ...]:
@@ -516,6 +823,21 @@ def check_output(tokens: list, budget: int, vocab_size: int, given: list, prompt
 
 
 _INT = {int}
+
+
+def add_vector(into: dict, head: tuple[int, ...], rest: np.ndarray) -> None:
+    """into[head + (o,)] += rest[o] for every o of non-zero probability."""
+    tokens = np.flatnonzero(rest)
+    for o, prob in zip(tokens.tolist(), rest[tokens].tolist(), strict=True):
+        into[head + (o,)] += prob
+
+
+def expanded(out: dict, groups: dict) -> dict[tuple[int, ...], float]:
+    """A distribution as one dict: the outputs and every head + (o,) of the groups."""
+    result = defaultdict(float, out)
+    for head, rest in groups.items():
+        add_vector(result, head, rest)
+    return dict(result)
 
 
 def max_difference(a: dict, b: dict) -> tuple[float, Hashable]:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from harness.enumeration import ReplayRng, exact_distribution, explore, first_round, max_difference
 from harness.lm import Counted, TableLM, Tempered, TorchRng
 from harness.references.speculative import autoregressive_distribution
-from harness.strategies.speculative import speculative_cases
+from harness.strategies.speculative import probability_table, speculative_cases
 from harness.tolerance import FLOAT64_IDENTITY
 from impls.speculative.batched import speculative_batched
 from impls.speculative.standard import speculative
@@ -76,18 +76,16 @@ def catching_up(target, draft, prompt, **kw):
 
 @given(case=speculative_cases(max_T=3))
 def test_catch_up_calls_are_part_of_their_round(case):
-    """A sampler calling its draft between the verify call and the round's last draw: declared (catch_up),
-    its rounds are merged at the right place and the first round makes one target call; undeclared, its runs
-    are played out.  Both equal the run-by-run distribution."""
+    """A sampler calling its draft between the verify call and the round's last draw, undeclared: its rounds
+    end where the next target call says (merged equals run by run), and the first round makes one target call."""
     target, draft = case.models()
     kw = dict(gamma=case.gamma, T=case.T, eos=case.eos)
     whole = exact_distribution(catching_up, target, draft, list(case.prompt), merge=False, **kw).dist
-    for catch_up in (True, False):
-        merged = exact_distribution(catching_up, target, draft, list(case.prompt), catch_up=catch_up, **kw)
-        err, where = max_difference(merged.dist, whole)
-        assert err <= FLOAT64_IDENTITY, f"catch_up={catch_up}: merged and run-by-run differ at {where} by {err:.3g}"
+    merged = exact_distribution(catching_up, target, draft, list(case.prompt), **kw)
+    err, where = max_difference(merged.dist, whole)
+    assert err <= FLOAT64_IDENTITY, f"merged and run-by-run differ at {where} by {err:.3g}"
     rounds = first_round(catching_up, target, draft, list(case.prompt), gamma=case.gamma, budget=case.gamma + 1,
-                         eos=case.eos, catch_up=True)
+                         eos=case.eos)
     assert {calls for (_, calls), prob in rounds.items() if prob > 0} == {1}, f"first round: {rounds}"
 
 
@@ -115,7 +113,7 @@ def test_batched_rows_are_independent_and_exact(case, other):
     assert abs(sum(got.values()) - 1) <= FLOAT64_IDENTITY
 
 
-@pytest.mark.parametrize("rng", [TorchRng(0), ReplayRng([], [])], ids=["torch", "replay"])
+@pytest.mark.parametrize("rng", [TorchRng(0), ReplayRng([])], ids=["torch", "replay"])
 def test_rng_rejects_bad_probabilities(rng):
     for bad in ([0.5, 0.6], [-0.5, 1.5], [float("nan"), 1.0]):
         with pytest.raises(ValueError, match="rng.categorical"):
@@ -150,3 +148,41 @@ def test_torch_rng_draws_follow_the_probabilities(seed, V, zeros):
     rng = TorchRng(seed)
     fit = goodness_of_fit([int(rng.categorical(p)) for _ in range(sample_size(len(exact)))], exact)
     assert not fit.rejected, f"TorchRng({seed}).categorical({p.tolist()}): {fit.describe()}"
+
+
+def overdraft(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+    """Drafts gamma tokens whatever the budget (the tokens past it are cut off): exact, slow to enumerate."""
+    tokens = speculative(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens + gamma, rng=rng,
+                         eos=eos).tokens
+    return tokens[:max_new_tokens]
+
+
+def test_a_slow_enumeration_says_where_its_time_went(monkeypatch, capsys):
+    """Past NOTE_AFTER_S a note on stderr splits the time (sampler, models, enumerator) and names drafts past the
+    budget; past the deadline the same text stops the enumeration as EnumerationTooSlow."""
+    import harness.enumeration as enumeration
+
+    target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
+    monkeypatch.setattr(enumeration, "NOTE_AFTER_S", 0.0)
+    with pytest.raises(enumeration.EnumerationTooSlow, match="stopped at its deadline") as raised:
+        exact_distribution(overdraft, target, draft, [0], gamma=3, T=2, workers=1, deadline_s=0.0,
+                           budget_rule=False)
+    for says in ("the sampler's own code", "model calls", "the enumerator", "a round drafted 3 token(s) with",
+                 "draft at most max_new_tokens - len(out) - 1"):
+        assert says in str(raised.value), f"{says!r} missing from: {raised.value}"
+    assert "enumeration note: overdraft" in capsys.readouterr().err
+
+
+def test_drafting_past_the_budget_stops_at_once_naming_the_rule():
+    """A round that verifies more drafts than it may emit breaks the contract's budget rule: the enumeration
+    stops at that round's target call (its first run), not at a deadline; drafting exactly up to the budget
+    is allowed."""
+    from harness.enumeration import DraftsPastBudget
+
+    target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
+    with pytest.raises(DraftsPastBudget, match="budget rule: a round drafted 3 token.s. with 1 left") as raised:
+        exact_distribution(overdraft, target, draft, [0], gamma=3, T=2, workers=1)
+    assert "min(gamma, max_new_tokens - len(out) - 1)" in str(raised.value)
+    to_budget = exact_distribution(overdraft, target, draft, [0], gamma=1, T=2, workers=1)  # k = min(1, budget)
+    err, where = max_difference(to_budget.dist, autoregressive_distribution(target, [0], 2))
+    assert err <= FLOAT64_IDENTITY, f"drafts up to the budget: P{where} off by {err:.3g}"

@@ -1,29 +1,62 @@
-"""The speculative-decoding sampler contract.
+"""The speculative-decoding sampler contract: a sampler whose output distribution is exactly the target's.
 
     sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation
 
-* target, draft: language models (`harness.lm.LM`): ``lm(prefixes, n) -> (B, n, V)`` float64 next-token
-  distributions for the last n positions of each prefix; temperature is already applied (`Tempered`).
-  draft may be None for samplers that need none (plain autoregressive sampling).
-* prompt: a non-empty list of token ids; gamma >= 1 draft tokens per round; at most max_new_tokens
-  tokens are generated, fewer when eos is generated (it is included).
-* rng (`harness.lm.Rng`): the only source of randomness -- ``rng.categorical(probs)``,
-  ``rng.bernoulli(probs)`` -- so `harness.enumeration` can compute the exact output distribution.
-  A sampler that draws from torch's RNG itself declares ``caps={"rng": "own"}`` and is checked
-  statistically instead.
+Imports a plugin needs: ``from harness import declare`` (capabilities), ``from harness.contracts.speculative
+import Generation, Round, check_inputs, validated``; the protocols below are ``harness.lm.LM`` and
+``harness.lm.Rng``, with ``harness.lm.TableLM(table)`` and ``harness.lm.TorchRng(seed)`` to try a sampler by
+hand.  docs/examples/speculative_sampler.py is a complete sampler written from this text alone.
+
+* target, draft (`harness.lm.LM`): ``lm.vocab_size`` is V; ``lm(prefixes, n=1)`` takes a list of prefixes,
+  each a non-empty ``list[int]`` of token ids (they may differ in length), and returns a float64 tensor
+  (B, n, V) whose row [b, i] is the next-token distribution after the first ``len(prefixes[b]) - n + 1 + i``
+  tokens of prefix b: ``target([ctx + xs], len(xs) + 1)[0]`` is p_1 .. p_{k+1} for k drafts xs.  Temperature
+  is already applied (`harness.lm.Tempered`).  draft may be None for a sampler that needs none (plain
+  autoregressive sampling, ``caps={"draft": False}``).
+* prompt: a non-empty ``list[int]``, left unchanged (build ``prompt + out``, never append to it); gamma >= 1
+  draft tokens per round; at most max_new_tokens tokens are generated, fewer when eos is generated (it is
+  included, and nothing after it).
+* rng (`harness.lm.Rng`), the only source of randomness, so that `harness.enumeration` can visit every
+  branch: ``rng.categorical(probs)`` draws one token per row of a float64 (V,) or (B, V) tensor of
+  probabilities (a long tensor of shape probs.shape[:-1]: ``int(rng.categorical(q))``); ``rng.bernoulli(p)``
+  draws a coin of probability p, a float or a tensor (a bool tensor: ``bool(rng.bernoulli(0.3))``).  A sampler
+  that draws from torch's RNG itself declares ``caps={"rng": "own"}`` and is checked statistically instead.
+* Rounds.  A round starts with a model call on the prompt plus the tokens emitted so far, drafts k <= gamma
+  tokens and verifies them in one target call that scores the k drafts and the position before them:
+  ``target([prompt + out + drafts], n=k + 1)`` (the first round's call may score more positions, as a KV
+  cache filling on the prompt does).  Round boundaries follow from the target calls alone: the next round's
+  target call names the tokens emitted before it, whatever the kind of the round's last draw (a categorical,
+  a chain of Bernoulli coins, or a kept draft with no draw after it).  A call that scores other positions is
+  never mistaken for a round's end; the runs are then played out (exact, but slow).
+* The round's last draw is emitted as drawn: a round whose last choice is a categorical over the vocabulary
+  and emits its token would have emitted any other token of that draw in its place, with the same
+  tokens before it (the enumeration runs two of its outcomes, and eos, and settles the rest from them).
 * Rounds depend only on the tokens so far (no state carried between rounds), so a sampler restarted
   from prompt + the tokens it emitted continues as it would have; declare ``caps={"markov": False}``
-  otherwise.  A sampler that calls a model between its verify call and the draw of the round's last
-  token (a cached draft catching up on the drafted tokens), and whose every round ends with that draw,
-  declares ``caps={"catch_up_calls": True}``: without it the enumeration cannot tell such a call from
-  the start of a round that drew no last token, and plays every run out (exact, but slow).  A sampler
-  that drafts fewer than gamma tokens where it likes (stopping when the draft is unsure) declares
-  ``caps={"adaptive_gamma": True}``: tokens per call is then bounded by the fixed-gamma formula, not
-  equal to it.
-* Returns a `Generation` (or a plain list of tokens): the tokens and one `Round` per round.
+  otherwise (enumerated run by run, every round played out).  A sampler that drafts fewer than gamma
+  tokens where it likes (stopping when the draft is unsure) declares ``caps={"adaptive_gamma": True}``.
+* The budget rule (efficiency, part of the contract): a round drafts at most max_new_tokens - len(out) tokens,
+  the tokens it may still emit (``min(gamma, max_new_tokens - len(out) - 1)`` leaves room for the bonus).  A
+  draft past the budget is never emitted, costs a draft call and multiplies the branches to enumerate by V:
+  the enumerating properties stop at the first such round, failing with `harness.enumeration.DraftsPastBudget`,
+  which names this rule, within seconds.
+* The bonus rule (efficiency, part of the contract): a round that accepts all its k drafts also emits a
+  bonus token from the target's next row p_{k+1}, k + 1 tokens for one target call, so that tokens per call
+  is the formula (1 - a^(k+1)) / (1 - a) of Leviathan et al. 2023, section 3.1.  A sampler that never takes
+  the bonus is exact, so matches_target_distribution passes, but it breaks this rule, a contract violation
+  judged on efficiency: tokens_per_call_matches_formula and draft_equal_to_target_accepts_everything fail
+  naming "the contract's bonus rule", and so does round_records_add_up once a drawn case has a round before
+  the last that accepts all its drafts.  (A round may stop at max_new_tokens or at eos without a bonus.)
+* Returns a `Generation(tokens, rounds)`: ``tokens`` the generated ``list[int]`` (the prompt not included),
+  ``rounds`` one `Round(drafted, accepted, target_calls)` per round: ``drafted`` the draft tokens proposed
+  (the depth of the tree for a multi-draft sampler), ``accepted`` how many of them the target accepted (not
+  counting the replacement or bonus token), ``target_calls`` the target calls the round made (1).  A round
+  before the last emits accepted + 1 tokens.  A plain list of tokens is allowed too and means "no round
+  records": round_records_add_up then skips, saying so, and everything else is checked as for a Generation.
 * Bad input -- gamma < 1, models with different vocabularies, an empty prompt, distributions that are
-  negative, NaN or do not sum to one -- raises ValueError naming the argument (`check_inputs`,
-  `validated`).
+  negative, NaN or do not sum to one -- raises ValueError naming the argument: ``check_inputs(target, draft,
+  prompt, gamma, max_new_tokens, eos)`` checks the arguments, ``validated(lm, "target")`` wraps a model so
+  that every row it returns is checked.
 
 The output distribution must equal the target's autoregressive distribution, whatever the draft.
 """
@@ -50,10 +83,9 @@ class SpeculativeCaps(BatchedCaps):
     draft_width: int = cap(1, "draft chains per round (a multi-draft / tree sampler)")
     markov: bool = cap(True, "rounds depend only on the tokens so far; False: state carried between rounds "
                              "(enumerated run by run)")
-    catch_up_calls: bool = cap(False, "calls a model between its verify call and the draw of the round's last "
-                                      "token, and every round ends with that draw")
     adaptive_gamma: bool = cap(False, "drafts fewer than gamma tokens where it likes: tokens per call is bounded "
                                       "by the fixed-gamma formula, not equal to it")
+
 
 SPECULATIVE = define(
     Technique(

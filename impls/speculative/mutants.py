@@ -30,6 +30,26 @@ BUGS = {
     "accepted_counts_replacement": ("a round's accepted count includes the token resampled after a rejection "
                                     "(the output is exact; the acceptance statistics are not)",
                                     ("round_records_add_up",)),
+    # Modelled on rejection-sampler bugs reported against vLLM, transformers and FlashInfer:
+    "q_of_first_position": ("the draft's probabilities read at the first draft position for every draft token "
+                            "(draft_probs[:, 0]), in the ratio and the residual", EXACT),
+    "residual_from_next_q": ("the residual after rejecting x_i is built from q_{i+1} (an off-by-one in the "
+                             "draft-probability index)", EXACT),
+    "shared_uniform": ("one uniform draw reused for every acceptance test of a round instead of one per "
+                       "draft position", EXACT),
+    "eos_not_stopping": ("an eos accepted inside the drafts does not stop the output: the tokens after it "
+                         "in the round are emitted too", EXACT),
+    "recovered_argmax": ("the token that replaces a rejected draft is the argmax of max(0, p - q), not a "
+                         "sample of it", EXACT),
+    "residual_abs": ("the residual is norm(|p - q|) instead of norm(max(0, p - q))", EXACT),
+    "emits_rejected_draft": ("the rejected draft token is emitted before its replacement (the accepted count "
+                             "off by one)", EXACT),
+    "bonus_from_last_draft_row": ("the bonus token is drawn from the target row of the last draft, p_k, "
+                                  "instead of p_{k+1}", EXACT),
+    "ratio_reads_previous_token": ("the acceptance ratio reads q at the previous draft token, q_i(x_{i-1})",
+                                   EXACT),
+    "unverified_draft_eos": ("a drafted eos ends the drafts and is emitted without its acceptance test",
+                             EXACT),
 }
 
 
@@ -63,35 +83,62 @@ def buggy_speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=
                 x = int(rng.categorical(q))
             xs.append(x)
             qs.append(q)
+            if bug == "unverified_draft_eos" and x == eos:
+                break
+        k = len(xs)
         p = target([ctx + xs], k + 1)[0]  # (k + 1, V)
         if bug == "rows_cached_across_rounds":  # row i is position len(ctx) + i, whatever came before it
             p = torch.stack([rows.setdefault(len(ctx) + i, p[i]) for i in range(k + 1)])  # (k + 1, V)
         if bug == "wrong_position":
             p = torch.cat([p[1:], p[-1:]])  # (k + 1, V): row i now holds p_{i+1}
-        n = 0
-        while n < k:
-            ratio = qs[n][xs[n]] / p[n, xs[n]] if bug == "ratio_inverted" else p[n, xs[n]] / qs[n][xs[n]]
-            if bug != "always_accept" and not bool(rng.bernoulli(ratio.nan_to_num(1.0).clamp(max=1.0))):
-                break
-            n += 1
+        if bug == "q_of_first_position" and qs:  # the draft's probabilities read as draft_probs[:, 0] at every position
+            qs = [qs[0]] * k
+        n = accepted(rng, p, qs, xs, bug, eos)
         if n < k:
-            r = (p[n] - qs[n]).clamp(min=0)
+            q_n = qs[n + 1] if bug == "residual_from_next_q" and n + 1 < k else qs[n]
+            r = (p[n] - q_n).clamp(min=0)
             if bug == "residual_unnormalized":
                 last = inverse_cdf(rng, r)
+            elif bug == "recovered_argmax":
+                last = int(r.argmax())
+            elif bug == "residual_abs":
+                d = (p[n] - q_n).abs()
+                last = int(rng.categorical(d / d.sum()))
             else:
-                last = int(rng.categorical(p[n] if bug == "resample_from_p" else residual(p[n], qs[n])))
-            new = [*xs[:n], last]
-        elif bug == "no_bonus":
+                last = int(rng.categorical(p[n] if bug == "resample_from_p" else residual(p[n], q_n)))
+            new = [*xs[: n + 1 if bug == "emits_rejected_draft" else n], last]
+        elif bug == "no_bonus" or bug == "unverified_draft_eos" and xs and xs[-1] == eos:
             new = list(xs)
         else:
-            bonus = draft([ctx + xs])[0, -1] if bug == "bonus_from_q" else p[k]
+            bonus = draft([ctx + xs])[0, -1] if bug == "bonus_from_q" else p[max(k - 1, 0)] if (
+                bug == "bonus_from_last_draft_row") else p[k]
             new = [*xs, int(rng.categorical(bonus))]
-        if eos in new:
+        if eos in new and bug != "eos_not_stopping":
             new = new[: new.index(eos) + 1]
         out += new[: max_new_tokens - len(out)]
         counted = n + (bug == "accepted_counts_replacement" and n < k)
         rounds.append(Round(drafted=k, accepted=counted, target_calls=1))
     return Generation(out, rounds)
+
+
+def accepted(rng, p: torch.Tensor, qs: list, xs: list[int], bug: str, eos: int | None) -> int:
+    """How many drafts pass their acceptance tests, in order (min(1, p_i(x_i) / q_i(x_i)) each, but for the bug)."""
+    n, u_below = 0, 1.0  # shared_uniform: the one uniform u is known to lie below u_below
+    k = len(xs)
+    if bug == "unverified_draft_eos" and xs and xs[-1] == eos:
+        k -= 1  # the drafted eos is taken as it is
+    while n < k:
+        q_x = qs[n][xs[n - 1]] if bug == "ratio_reads_previous_token" and n else qs[n][xs[n]]
+        ratio = q_x / p[n, xs[n]] if bug == "ratio_inverted" else p[n, xs[n]] / q_x
+        rho = float(ratio.nan_to_num(1.0).clamp(max=1.0))
+        if bug == "shared_uniform":  # accept x_n iff u < rho_n, one u for the whole round: P(u < rho | u < below)
+            if not bool(rng.bernoulli(min(1.0, rho / u_below))):
+                break
+            u_below = min(u_below, rho)
+        elif bug != "always_accept" and not bool(rng.bernoulli(rho)):
+            break
+        n += 1
+    return n
 
 
 for _bug, (_what, _killers) in BUGS.items():
