@@ -123,6 +123,8 @@ def cmd_list(args) -> int:
         for r in impls(name, mutants=None):
             kind = f"MUTANT ({r.bug}; killed by {', '.join(r.killed_by)})" if r.mutant else (
                 "exact" if r.exact else "approximate")
+            if r.unavailable:
+                kind += f"; UNAVAILABLE: {r.unavailable}"
             declared = r.caps.declared()
             print(f"  {r.name:<28} {kind}\n  {'':<28} devices={','.join(r.devices)} dtypes={','.join(r.dtypes)}"
                   + (f" caps={declared}" if declared else "") + (f"\n  {'':<28} {r.cite}" if r.cite else ""))

@@ -338,7 +338,8 @@ def _load(target: Target) -> Impl:
 def _info(impl: Impl) -> dict:
     return {"name": impl.name, "technique": impl.technique, "mutant": impl.mutant, "exact": impl.exact,
             "killed_by": impl.killed_by, "bug": impl.bug, "devices": impl.devices, "dtypes": impl.dtypes,
-            "caps": impl.caps.declared(), "source": impl.source, "cite": impl.cite}
+            "caps": impl.caps.declared(), "source": impl.source, "cite": impl.cite,
+            "unavailable": impl.unavailable}
 
 
 def verdicts_of(impl: Impl, props: list[Property], *, profile: str, plugin: str | None = None,
