@@ -9,7 +9,6 @@ unchanged by a rejected call, and computes GQA exactly as MHA with repeated kv h
 """
 
 import dataclasses
-import functools
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.contracts import kvcache as contract
+from harness.contracts.kvcache import single_threaded
 from harness.guard import assert_rejected
 from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, concurrent_requests
 from harness.references.kvcache import gpt_logits64, gpt_logits_plain
@@ -26,22 +26,7 @@ from harness.strategies.kvcache import DecodeCase, decode_cases, relate
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
 
 TECHNIQUE = "kvcache"
-
-
-def single_threaded(test):
-    """Run the test with one intra-op thread: these models are tiny, and on a loaded 2-core machine a
-    second OpenMP thread turns every 20 us LayerNorm into ~10 ms of waiting for its partner."""
-
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return test(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return run
+decoder_protocol = contract.speaks("decoder")
 
 
 def exact_only(impl):
@@ -77,6 +62,7 @@ class Forward:
                       kind=self.kind)
 
 
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_prefill_then_steps_equal_forward(impl, data):
@@ -92,6 +78,7 @@ def test_prefill_then_steps_equal_forward(impl, data):
             forward.check(logits[b], k - 1, case.dtype, what=f"{impl.name}: row {b}, prefill {k} of {n} tokens")
 
 
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_unused_slots_never_leak(impl, data):
@@ -104,6 +91,7 @@ def test_unused_slots_never_leak(impl, data):
         forward.check(logits[b], len(case.prompts[b]) - 1, case.dtype, what=f"{impl.name}: row {b}")
 
 
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_long_sequences_cross_cache_blocks(impl, data):
@@ -134,6 +122,7 @@ def assert_same_calls(impl, got: list[torch.Tensor], want: list[torch.Tensor], w
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_every_prefill_starts_a_new_batch(impl, data):
@@ -156,6 +145,7 @@ def test_every_prefill_starts_a_new_batch(impl, data):
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_decoders_on_one_model_are_independent(impl, data):
@@ -188,6 +178,7 @@ def assert_rows_decode_alone(impl, case: DecodeCase) -> None:
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_ragged_batch_equals_alone(impl, data):
@@ -196,6 +187,7 @@ def test_ragged_batch_equals_alone(impl, data):
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_rows_sharing_leading_tokens_decode_alone(impl, data):
@@ -210,6 +202,7 @@ def test_rows_sharing_leading_tokens_decode_alone(impl, data):
 
 @needs_dtype("float64")
 @applies(exact_only)
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_sampling_matches_recompute(impl, data, seed):
@@ -228,6 +221,7 @@ def test_sampling_matches_recompute(impl, data, seed):
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_gqa_equals_mha_with_repeated_kv(impl, data):
@@ -246,6 +240,7 @@ def test_gqa_equals_mha_with_repeated_kv(impl, data):
     assert err <= FLOAT64_IDENTITY * max(1.0, want.abs().max().item()), f"{impl.name}: GQA vs MHA differ by {err:.3g}"
 
 
+@applies(decoder_protocol)
 @single_threaded
 def test_bad_input_is_rejected(impl):
     """Empty/2-D/too-long prompts, out-of-vocabulary ids, step before prefill and past max_len raise ValueError."""

@@ -36,3 +36,26 @@ def _absmax_roundtrip(x: torch.Tensor, bits: int) -> torch.Tensor:
     top = 2 ** (bits - 1) - 1
     scale = x.abs().amax(dim=-1, keepdim=True) / top  # one scale per vector
     return torch.where(scale > 0, torch.round(x / torch.where(scale > 0, scale, 1)).clamp(-top, top) * scale, 0)
+
+
+# --- the model protocol (harness/contracts/kvcache.py, CausalLM) -----------------------------------------------
+def lm_forward(lm, seq: torch.Tensor) -> torch.Tensor:
+    """Logits (n, V) of one whole sequence: the model's own full forward, no cache, no padding."""
+    n = len(seq)
+    logits, _ = lm(seq[None], torch.ones(1, n, dtype=torch.long), torch.arange(n)[None], None)
+    return logits[0]
+
+
+def _fp8_roundtrip(shift: int):
+    """Keys or values rounded to float8_e4m3fn at one scale for the tensor: absmax / 448 times 2^(shift/4), so the
+    largest element lands at or below the format's largest (448) and nothing saturates; each shift moves the
+    rounding grid a quarter octave (four draws of what fp8 storage costs, as the four plain attention orders are)."""
+    def roundtrip(x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().amax().clamp_min(torch.finfo(x.dtype).tiny) / torch.finfo(torch.float8_e4m3fn).max
+        scale = scale * 2 ** (shift / 4)
+        return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+    return roundtrip
+
+
+# kv_format -> (its tolerance row, the round trips whose float64 forwards earn an approximate cache's tolerance)
+KV_FORMATS = {"float8_e4m3fn": ("kv_fp8", tuple(_fp8_roundtrip(shift) for shift in range(4)))}
