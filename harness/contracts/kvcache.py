@@ -222,28 +222,27 @@ def make(impl: Impl, model, max_len: int):
     return guarded_call(impl.fn, model, max_len, arg_names=("model", "max_len"), timeout_s=call_limit(impl))
 
 
-# id(decoder) -> (the prompts of its last prefill, the model's weight tensors), watched through its steps: a decoder
-# that kept views of the caller's prompt tensors must not write into them later, nor into the model.  A prefill
-# watches the whole model (weights, buffers, configuration); a step, whose guard would otherwise copy every
-# module's configuration, the weight tensors in place.  Bounded: only recent decoders still step.
-_WATCHED: dict[int, dict[str, object]] = {}
+# id(decoder) -> the prompts of its last prefill, watched through its steps: a decoder that kept views of the
+# caller's prompt tensors must not write into them later.  The model is watched whole (weights, buffers,
+# configuration) by make and every prefill, not by each step: a step that changed it shows at the next prefill
+# of any decoder of that model, and in every later logit.  Bounded: only recent decoders still step.
+_PROMPTS: dict[int, list[torch.Tensor]] = {}
 
 
 def prefill(impl: Impl, decoder, model, prompts: list[torch.Tensor]) -> torch.Tensor:
     """decoder.prefill under guard; the logits must be finite, (B, V), in the model's dtype."""
     out = guarded_call(decoder.prefill, prompts, arg_names=("prompts",), timeout_s=call_limit(impl),
                        hang_owner=impl.fn, watch={"model": model})
-    _WATCHED.pop(id(decoder), None)
-    _WATCHED[id(decoder)] = {"prefill's prompts": prompts,
-                             **{f"model.{name}": t.detach() for name, t in model.state_dict().items()}}
-    while len(_WATCHED) > 16:
-        del _WATCHED[next(iter(_WATCHED))]
+    _PROMPTS.pop(id(decoder), None)
+    _PROMPTS[id(decoder)] = prompts
+    while len(_PROMPTS) > 16:
+        del _PROMPTS[next(iter(_PROMPTS))]
     return check_logits(impl, out, len(prompts), model)
 
 
 def step(impl: Impl, decoder, model, tokens: torch.Tensor) -> torch.Tensor:
     out = guarded_call(decoder.step, tokens, arg_names=("tokens",), timeout_s=call_limit(impl), hang_owner=impl.fn,
-                       watch=_WATCHED.get(id(decoder), {"model": model}))
+                       watch={"prefill's prompts": _PROMPTS.get(id(decoder), [])})
     return check_logits(impl, out, len(tokens), model)
 
 

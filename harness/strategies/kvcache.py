@@ -38,9 +38,7 @@ class DecodeCase:
         """A GPT with weights drawn from the seed (independent of torch's global RNG), in self.dtype."""
         from harness.models.gpt import GPT
 
-        with torch.device("meta"):  # no default init: every parameter is drawn below
-            model = GPT(self.config())
-        model, g = model.to_empty(device="cpu").double().eval(), generator(self.seed)
+        model, g = GPT(self.config()).double().eval(), generator(self.seed)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
