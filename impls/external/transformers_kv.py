@@ -17,6 +17,9 @@ from harness.models.hf import ARCHITECTURES, CACHES, TransformersLM, build
 from harness.registry import known_failure, library_unavailable, register
 
 UNAVAILABLE = library_unavailable("transformers", install="pip install transformers, or the [external] extra")
+# A process's first build imports transformers and the architecture's modeling code: seconds, and tens of seconds
+# on a loaded 2-core machine, past the default 20 s per call.
+CAPS = {"speaks": "model", "poisons": True, "call_limit_s": 120.0}
 PAIRS = {
     "llama": ("dynamic", "static", "fp8"),
     "mistral": ("dynamic", "static", "dynamic_full"),
@@ -43,8 +46,7 @@ def cite(arch: str, cache: str) -> str:
 for _arch, _caches in PAIRS.items():
     for _cache in _caches:
         register("kvcache", f"hf_{_arch}_{_cache}", dtypes=("float32",), exact=_cache != "fp8",
-                 caps={"speaks": "model", "poisons": True,
-                       "kv_format": "float8_e4m3fn" if _cache == "fp8" else "model"},
+                 caps={**CAPS, "kv_format": "float8_e4m3fn" if _cache == "fp8" else "model"},
                  unavailable=UNAVAILABLE, cite=cite(_arch, _cache))(adapter(_arch, _cache))
 
 # transformers' fp8 cache calibrates one scale per layer on the first call (the prompt) and freezes it; the cast to

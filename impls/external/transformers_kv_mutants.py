@@ -11,7 +11,7 @@ import torch
 from harness.contracts.kvcache import check_model_call
 from harness.models.hf import TransformersLM
 from harness.registry import register
-from impls.external.transformers_kv import UNAVAILABLE, adapter
+from impls.external.transformers_kv import CAPS, UNAVAILABLE, adapter
 
 
 class PositionsRestart(TransformersLM):
@@ -130,4 +130,4 @@ MUTANTS = {
 }
 for _name, (_arch, _cache, _cls, _bug, _killer) in MUTANTS.items():
     register("kvcache", f"mutant_hf_{_name}", dtypes=("float32",), mutant=True, bug=_bug, killed_by=(_killer,),
-             caps={"speaks": "model", "poisons": True}, unavailable=UNAVAILABLE)(adapter(_arch, _cache, _cls))
+             caps=CAPS, unavailable=UNAVAILABLE)(adapter(_arch, _cache, _cls))
