@@ -396,10 +396,22 @@ def _start_child(target: Target, profile: str, one_thread: bool) -> Impl:
 
 
 def mutant_status(result: ImplResult) -> tuple[bool, str]:
-    """(killed for its declared reason, a one-line status) of a mutant's verdicts."""
+    """(killed for its declared reason, a one-line status) of a mutant's verdicts.  A kill counts only where the
+    mutant computed its bug: a declared killer that failed because the mutant raised, crashed, hung or never ran
+    says nothing about the bug it models."""
     killed_by = tuple(result.info.get("killed_by", ()))
     killers = [v.property for v in result.verdicts if v.status == "FAIL"]
-    right = sorted(set(killers) & set(killed_by))
+    right = sorted({v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by
+                    and not _broke(v)})
     if right:
         return True, f"killed by {', '.join(right)}"
+    broke = [v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by and _broke(v)]
+    if broke:
+        return False, f"CRASHED instead of computing its bug in {', '.join(broke)}: {result.verdicts[0].message}"
     return False, f"SURVIVED its declared killers {killed_by}" + (f" (other failures: {killers})" if killers else "")
+
+
+def _broke(verdict: Verdict) -> bool:
+    """The property failed because the implementation raised, crashed, hung or was not run."""
+    return verdict.message.startswith(("crashed:", "hung:", "not run:", "error:", "stopped:")) or (
+        "ContractViolation: raised " in verdict.message)
