@@ -5,6 +5,7 @@ properties/test_kvcache_models.py must kill every one for the reason named in ``
 """
 
 import copy
+import functools
 
 import torch
 
@@ -110,6 +111,28 @@ class CapacityCheckedAfterAppend(TransformersLM):
         return out
 
 
+class CachesShareOneBuffer(TransformersLM):
+    """Every static cache of one batch size is handed the same preallocated key and value buffers, kept on the model:
+    a second request writes into the slots a live one reads (transformers' generate reusing the model's one static
+    cache across calls; a serving engine's slot allocator handing out a busy slot).  Each cache keeps its own write
+    index, so one request alone decodes right."""
+
+    def new_cache(self, batch, max_len):
+        import transformers
+
+        cache = super().new_cache(batch, max_len)
+        cache.inner = transformers.StaticCache(config=self.module.config, max_cache_len=self.max_positions)
+        buffers = self.__dict__.setdefault("buffers", {})  # (batch, layer) -> (keys, values)
+        for i, layer in enumerate(cache.inner.layers):
+            layer.lazy_initialization = functools.partial(_share, layer, buffers, (batch, i))
+        return cache
+
+
+def _share(layer, buffers: dict, key: tuple[int, int], keys: torch.Tensor, values: torch.Tensor) -> None:
+    type(layer).lazy_initialization(layer, keys, values)
+    layer.keys, layer.values = buffers.setdefault(key, (layer.keys, layer.values))  # (B, Hkv, max_positions, d)
+
+
 MUTANTS = {
     "positions_restart": ("llama", "dynamic", PositionsRestart, "cached calls number their tokens from 0 again",
                           "model_prefill_then_steps_equal_forward"),
@@ -127,6 +150,8 @@ MUTANTS = {
     "capacity_checked_after_append": ("gpt2", "dynamic", CapacityCheckedAfterAppend, "a call past max_len raises "
                                       "after its keys and values were appended",
                                       "model_rejected_calls_leave_the_cache_as_it_was"),
+    "caches_share_one_buffer": ("llama", "static", CachesShareOneBuffer, "every cache of one batch size writes into "
+                                "the same key and value buffers", "model_caches_on_one_model_stay_apart"),
 }
 for _name, (_arch, _cache, _cls, _bug, _killer) in MUTANTS.items():
     register("kvcache", f"mutant_hf_{_name}", dtypes=("float32",), mutant=True, bug=_bug, killed_by=(_killer,),
