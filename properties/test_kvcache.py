@@ -5,18 +5,21 @@ Hypothesis: decoding with a cache gives the logits of the full forward pass at e
 prefill and steps, samples the same tokens as recomputation, treats each sequence of a batch as if it
 were alone (also when rows share leading tokens), never lets unused (NaN-filled) slots reach an output,
 holds all 32 positions, starts afresh at every prefill, keeps two decoders of one model apart, is left
-unchanged by a rejected call, and computes GQA exactly as MHA with repeated kv heads.
+unchanged by a rejected call at any point of a sequence of calls, and computes GQA exactly as MHA with repeated
+kv heads.  These are the decoder protocol's laws; a model running with its own cache (the model protocol) has
+properties/test_kvcache_models.py.
 """
 
 import dataclasses
-import functools
+from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from harness.contracts import kvcache as contract
+from harness.contracts.kvcache import single_threaded
 from harness.guard import assert_rejected
 from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, concurrent_requests
 from harness.references.kvcache import gpt_logits64, gpt_logits_plain
@@ -26,22 +29,7 @@ from harness.strategies.kvcache import DecodeCase, decode_cases, relate
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
 
 TECHNIQUE = "kvcache"
-
-
-def single_threaded(test):
-    """Run the test with one intra-op thread: these models are tiny, and on a loaded 2-core machine a
-    second OpenMP thread turns every 20 us LayerNorm into ~10 ms of waiting for its partner."""
-
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return test(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return run
+decoder_protocol = contract.speaks("decoder")
 
 
 def exact_only(impl):
@@ -62,14 +50,14 @@ def decode(impl, model, case: DecodeCase, prompts=None, steps=None) -> list[torc
     return out + [contract.step(impl, decoder, model, tokens) for tokens in steps]
 
 
+@dataclass(frozen=True)
 class Forward:
     """The full forward pass of one sequence: float64 truth and the plain computations in the model's dtype
     (for an approximate impl: the forward whose keys/values took the int8 round trip)."""
 
-    def __init__(self, impl, model, seq: torch.Tensor) -> None:
-        self.kind = "forward" if impl.exact else "kv_int8"
-        self.truth = gpt_logits64(model, seq)
-        self.plains = gpt_logits_plain(model, seq) if impl.exact else [gpt_logits64(model, seq, kv_bits=8)]
+    kind: str
+    truth: torch.Tensor  # (n, V)
+    plains: list[torch.Tensor]  # (n, V) each
 
     def check(self, got: torch.Tensor, first: int, dtype: str, what: str) -> None:
         """got (n, V): logits at positions first, first + 1, ..."""
@@ -77,33 +65,43 @@ class Forward:
                       kind=self.kind)
 
 
+def forwards(impl, model, seqs: list[torch.Tensor]) -> list[Forward]:
+    """Each sequence's Forward, from one batched forward per computation."""
+    plains = gpt_logits_plain(model, seqs) if impl.exact else [gpt_logits64(model, seqs, kv_bits=8)]
+    return [Forward("forward" if impl.exact else "kv_int8", truth, [p[b] for p in plains])
+            for b, truth in enumerate(gpt_logits64(model, seqs))]
+
+
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_prefill_then_steps_equal_forward(impl, data):
     """For every split k: prefill(seq[:k]) then steps over seq[k:] give the full forward's logits."""
     case = draw(data, impl, ragged=False, batch=(1, 2), max_prompt=4, max_steps=3)
     model, seqs = case.model(), case.sequences()
-    forwards, n = [Forward(impl, model, s) for s in seqs], len(seqs[0])
+    rows, n = forwards(impl, model, seqs), len(seqs[0])
     for k in range(1, n + 1):
         prompts = [s[:k] for s in seqs]
         steps = [torch.stack([s[t] for s in seqs]) for t in range(k, n)]
         logits = torch.stack(decode(impl, model, case, prompts, steps), dim=1)  # (B, n - k + 1, V)
-        for b, forward in enumerate(forwards):
+        for b, forward in enumerate(rows):
             forward.check(logits[b], k - 1, case.dtype, what=f"{impl.name}: row {b}, prefill {k} of {n} tokens")
 
 
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_unused_slots_never_leak(impl, data):
     """With far more capacity than used (max_len up to the block size), the logits stay finite and exact."""
     case = draw(data, impl, batch=(1, 2), max_steps=3, spare=st.integers(8, 32))
     model = case.model()
-    forwards = [Forward(impl, model, seq) for seq in case.sequences()]  # before the decoder can touch the model
+    rows = forwards(impl, model, case.sequences())  # before the decoder can touch the model
     logits = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V), finite (checked by the call)
-    for b, forward in enumerate(forwards):
+    for b, forward in enumerate(rows):
         forward.check(logits[b], len(case.prompts[b]) - 1, case.dtype, what=f"{impl.name}: row {b}")
 
 
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_long_sequences_cross_cache_blocks(impl, data):
@@ -112,9 +110,9 @@ def test_long_sequences_cross_cache_blocks(impl, data):
     plus a few steps, keeping a sliding window, or reusing blocks by their own tokens must still be exact."""
     case = draw(data, impl, batch=(1, 2), max_prompt=32, max_steps=12, fill=True, related=True)
     model = case.model()
-    forwards = [Forward(impl, model, seq) for seq in case.sequences()]
+    rows = forwards(impl, model, case.sequences())
     logits = torch.stack(decode(impl, model, case), dim=1)  # (B, steps + 1, V)
-    for b, forward in enumerate(forwards):
+    for b, forward in enumerate(rows):
         forward.check(logits[b], len(case.prompts[b]) - 1, case.dtype,
                       what=f"{impl.name}: row {b} of {len(forward.truth)} tokens")
 
@@ -134,6 +132,7 @@ def assert_same_calls(impl, got: list[torch.Tensor], want: list[torch.Tensor], w
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_every_prefill_starts_a_new_batch(impl, data):
@@ -156,6 +155,7 @@ def test_every_prefill_starts_a_new_batch(impl, data):
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_decoders_on_one_model_are_independent(impl, data):
@@ -188,6 +188,7 @@ def assert_rows_decode_alone(impl, case: DecodeCase) -> None:
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_ragged_batch_equals_alone(impl, data):
@@ -196,6 +197,7 @@ def test_ragged_batch_equals_alone(impl, data):
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_rows_sharing_leading_tokens_decode_alone(impl, data):
@@ -210,6 +212,7 @@ def test_rows_sharing_leading_tokens_decode_alone(impl, data):
 
 @needs_dtype("float64")
 @applies(exact_only)
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_sampling_matches_recompute(impl, data, seed):
@@ -228,6 +231,7 @@ def test_sampling_matches_recompute(impl, data, seed):
 
 
 @needs_dtype("float64")
+@applies(decoder_protocol)
 @single_threaded
 @given(data=st.data())
 def test_gqa_equals_mha_with_repeated_kv(impl, data):
@@ -246,6 +250,7 @@ def test_gqa_equals_mha_with_repeated_kv(impl, data):
     assert err <= FLOAT64_IDENTITY * max(1.0, want.abs().max().item()), f"{impl.name}: GQA vs MHA differ by {err:.3g}"
 
 
+@applies(decoder_protocol)
 @single_threaded
 def test_bad_input_is_rejected(impl):
     """Empty/2-D/too-long prompts, out-of-vocabulary ids, step before prefill and past max_len raise ValueError."""
@@ -261,9 +266,80 @@ def test_bad_input_is_rejected(impl):
     for bad in (torch.tensor([1, 2]), torch.tensor([9]), torch.tensor([[3]])):
         assert_rejected(impl, f"tokens {bad.tolist()}", bad, method=decoder.step, names=("tokens",))
     logits = contract.step(impl, decoder, model, torch.tensor([3]))  # the rejected calls left no trace
-    Forward(impl, model, torch.tensor([1, 2, 3])).check(logits, 2, case.dtype, what=f"{impl.name}: the step "
-                                                        "after three rejected ones")
+    forwards(impl, model, [torch.tensor([1, 2, 3])])[0].check(logits, 2, case.dtype,
+                                                              what=f"{impl.name}: the step after three rejected ones")
     assert_rejected(impl, "a step past max_len", torch.tensor([3]), method=decoder.step, names=("max_len",))
+
+
+def bad_calls(case: DecodeCase, max_len: int, live: list[int] | None) -> dict[str, tuple[str, object, str]]:
+    """What a decoder must reject now: kind -> (the method, its argument, the name the error must say).  ``live``:
+    the lengths of the batch the decoder holds (None before the first prefill)."""
+    v = case.vocab
+    calls = {
+        "no prompts": ("prefill", [], "prompts"),
+        "a 2-D prompt": ("prefill", [torch.tensor([[0, 1]]) % v], "prompts"),
+        "a prompt past max_len": ("prefill", [torch.zeros(max_len + 1, dtype=torch.long)], "prompts"),
+        "a prompt id past the vocabulary": ("prefill", [torch.tensor([v])], "prompts"),
+        "an empty prompt": ("prefill", [torch.tensor([], dtype=torch.long)], "prompts"),
+        "int32 prompt ids": ("prefill", [torch.tensor([0], dtype=torch.int32)], "prompts"),
+    }
+    if live is None:
+        return {**calls, "a step before the first prefill": ("step", torch.zeros(1, dtype=torch.long), "prefill")}
+    B = len(live)
+    calls.update({
+        "a step of one row too many": ("step", torch.zeros(B + 1, dtype=torch.long), "tokens"),
+        "a 2-D step": ("step", torch.zeros(B, 1, dtype=torch.long), "tokens"),
+        "a step id past the vocabulary": ("step", torch.full((B,), v), "tokens"),
+        "a negative step id": ("step", torch.full((B,), -1), "tokens"),
+    })
+    if max(live) == max_len:
+        calls["a step past max_len"] = ("step", torch.zeros(B, dtype=torch.long), "max_len")
+    return calls
+
+
+@needs_dtype("float64")
+@applies(decoder_protocol)
+@single_threaded
+@given(data=st.data())
+def test_rejected_calls_leave_no_trace(impl, data):
+    """1-2 batches decoded one after another on one decoder, and 0-2 rejected calls before any of its calls:
+    before the first prefill, right after a prefill, mid-decode, with a row at max_len (a step past it), as a
+    prefill while a batch is live (which must keep it), and at least one while a batch is live.  Each raises
+    ValueError naming the argument, and every valid call returns exactly what a twin decoder that never saw the
+    rejected ones returns (float64); a prefill of the first batch's prompts closes both."""
+    first = draw(data, impl, batch=(1, 3), dtypes=("float64",), max_prompt=6, max_steps=3, spare=st.just(0))
+    batches = [first] + [fresh(first, draw(data, impl, batch=(1, 3), dtypes=("float64",), max_prompt=6, max_steps=3,
+                                             spare=st.just(0)))
+                         for _ in range(data.draw(st.integers(0, 1), label="another batch"))]
+    max_len = max(c.max_len for c in batches) + data.draw(st.sampled_from([0, 0, 1, 3]), label="spare")
+    model = first.model()
+    decoder, twin = (contract.make(impl, model, max_len) for _ in range(2))
+    calls = [(case, t) for case in batches for t in range(len(case.steps) + 1)]  # t = 0: the prefill
+    calls.append((first, 0))  # the closing prefill
+    forced = data.draw(st.integers(1, len(calls) - 1), label="the call before which a batch is live and rejected")
+    live = None
+    for k, (case, t) in enumerate(calls):
+        menu = bad_calls(case, max_len, live)
+        n = data.draw(st.integers(1 if k == forced else 0, 2), label="rejected calls here")
+        kinds = data.draw(st.lists(st.sampled_from(sorted(menu)), min_size=n, max_size=n), label="which")
+        if "a step past max_len" in menu and data.draw(st.booleans(), label="a step past max_len too"):
+            kinds.append("a step past max_len")  # the one bad call that exists only at the end of a batch
+        for kind in kinds:
+            method, arg, name = menu[kind]
+            assert_rejected(impl, f"{kind}, before call {k} of {len(calls)}", arg,
+                            method=getattr(decoder, method), names=(name,))
+            event(f"rejected: {kind}")
+            event("rejected while a batch is live" if live else "rejected before the first prefill")
+            if live and max(live) == max_len:
+                event("rejected with a row at max_len")
+        if t == 0:
+            got, want = (contract.prefill(impl, d, model, case.prompt_tensors()) for d in (decoder, twin))
+            live = [len(p) for p in case.prompts]
+        else:
+            tokens = case.step_tensors()[t - 1]
+            got, want = (contract.step(impl, d, model, tokens) for d in (decoder, twin))
+            live = [n + 1 for n in live]
+        assert_same_calls(impl, [got], [want], f"call {k} of {len(calls)} (after rejected ones)")
 
 
 # ---------------------------------------------------------------------------------------------

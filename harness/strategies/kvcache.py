@@ -113,3 +113,62 @@ def decode_cases(
         max_len=min(POSITIONS, max(lengths) + n_steps + spare_slots), dtype=draw(st.sampled_from(dtypes)),
         seed=draw(seeds),
     )
+
+
+# --- the model protocol (CausalLM) -----------------------------------------------------------------------------
+# Weights come from one of a few seeds: a model is built once per (seed, dtype) and reused across examples (a
+# transformers model costs ~30 ms to build, a decode of a case ~10 calls of ~3 ms); the inputs carry the variety.
+model_seeds = st.integers(0, 7)
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """B prompts (ragged: the harness left-pads them with ``pad``), then the tokens fed after them in chunks."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    chunks: tuple[tuple[tuple[int, ...], ...], ...]  # each chunk: B rows of the same length (1: a decode step)
+    pad: int  # the token id under every left pad: never attended, so any id will do
+    spare: int  # slots the cache has past the last token
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def max_len(self) -> int:
+        return max(map(len, self.prompts)) + sum(len(c[0]) for c in self.chunks) + self.spare
+
+    def sequences(self) -> list[torch.Tensor]:
+        """Each row's whole token sequence, unpadded: its prompt, then its chunks."""
+        return [torch.tensor([*p, *(t for c in self.chunks for t in c[b])], dtype=torch.long)
+                for b, p in enumerate(self.prompts)]
+
+
+@st.composite
+def model_cases(draw: st.DrawFn, vocab: int, room: int, batch: tuple[int, int] = (1, 3), ragged: bool = True,
+                prompt: tuple[int, int] = (1, 8), fed: tuple[int, int] = (0, 4), chunk: int = 1,
+                spare: st.SearchStrategy[int] | None = None, window: int | None = None) -> ModelCase:
+    """``room``: the most slots a row may use.  ``fed``: how many tokens follow the prompt, in chunks of up to
+    ``chunk`` (a chunked prefill, a multi-token continuation); most chunks are single decode steps.  ``window``:
+    half the time the prompts end near a multiple of the sliding window (W - 1, W, W + 1, 2W - 1, ...) and at least
+    2W + 2 tokens follow, where the room allows: every row passes the window several times."""
+    B = draw(st.integers(*batch))
+    lo, hi = prompt[0], min(prompt[1], room - fed[0])
+    # half the prompts 1-2 tokens long: a cache sized or calibrated on its prompt then meets tokens it never saw
+    lengths_of = st.one_of(st.integers(lo, min(lo + 1, hi)), st.integers(lo, hi))
+    if window is not None and draw(st.booleans()):
+        near = [n for k in (1, 2) for n in (k * window - 1, k * window, k * window + 1) if lo <= n <= hi]
+        lengths_of, fed = st.sampled_from(near or [lo]), (max(fed[0], 2 * window + 2), max(fed[1], 2 * window + 2))
+    lengths = [draw(lengths_of) for _ in range(B)] if ragged else [draw(lengths_of)] * B
+    tokens = st.integers(0, vocab - 1)
+    prompts = tuple(tuple(draw(st.lists(tokens, min_size=n, max_size=n))) for n in lengths)
+    left = room - max(lengths)
+    to_feed = draw(st.integers(min(fed[0], left), min(fed[1], left)))
+    chunks = []
+    while to_feed:
+        n = min(to_feed, draw(st.sampled_from([1, 1, 1, *range(2, chunk + 1)])) if chunk > 1 else 1)
+        chunks.append(tuple(tuple(draw(st.lists(tokens, min_size=n, max_size=n))) for _ in range(B)))
+        to_feed -= n
+    used = max(lengths) + sum(len(c[0]) for c in chunks)
+    return ModelCase(prompts=prompts, chunks=tuple(chunks), pad=draw(tokens),
+                     spare=min(draw(spare if spare is not None else st.integers(0, 3)), room - used))

@@ -15,6 +15,8 @@ from impls.external import (  # noqa: F401 - imported to register
     torch_ao_observers,
     torchao_affine,
     transformers_attention,
+    transformers_kv,
+    transformers_kv_mutants,
     transformers_speculative,
     vllm_ops,
     xformers_kernels,

@@ -166,6 +166,17 @@ class AdvancesBeforeValidation(StaticDecoder):
         return (self.counter - 1)[:, None].clamp(max=self.model.cfg.block_size - 1)  # (B, 1)
 
 
+class ClearsCacheBeforeValidation(StaticDecoder):
+    """prefill wipes the cache (refilled with NaN, as gpt-fast's setup_caches does on every generate) before it
+    checks the prompts, so a rejected prefill erases the live batch's keys and values while its lengths survive."""
+
+    @torch.inference_mode()
+    def prefill(self, prompts):
+        if self.lengths is not None:
+            self.cache.fill_(float("nan"))
+        return super().prefill(prompts)
+
+
 MUTANTS = {
     "positions_restart": (PositionsRestart, "decode positions restart at 0 after the prompt",
                           "prefill_then_steps_equal_forward"),
@@ -190,6 +201,9 @@ MUTANTS = {
     "advances_before_validation": (AdvancesBeforeValidation, "the position counter moves before a step's tokens "
                                    "are checked: a rejected step shifts every later position",
                                    "bad_input_is_rejected"),
+    "clears_cache_before_validation": (ClearsCacheBeforeValidation, "a prefill wipes the cache before checking its "
+                                       "prompts: a rejected one erases the live batch",
+                                       "rejected_calls_leave_no_trace"),
 }
 for _name, (_cls, _bug, _killer) in MUTANTS.items():
     register("kvcache", f"mutant_{_name}", dtypes=("float64", "float32"), mutant=True, bug=_bug,
