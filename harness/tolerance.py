@@ -121,8 +121,15 @@ def assert_earned(
         plain_err = plain_error(truth, plains)
         got, want = out.reshape(-1)[flat].item(), truth.reshape(-1)[flat].item()
         digits = 6 if not (err < 1e-5 * abs(want)) else 17  # enough digits that the two values differ in print
-        raise AssertionError(
+        raise with_margin(AssertionError(
             f"{what}: max error {err:.3g} at {where} exceeds the earned bound {bound:.3g} "
             f"(= {TOLERANCES[(kind, dtype)].k:g} x plain {dtype} error {plain_err:.3g} + floor); "
             f"got {got:.{digits}g}, truth {want:.{digits}g}"
-        )
+        ), err, bound)
+
+
+def with_margin(exc: AssertionError, err: float, bound: float) -> AssertionError:
+    """``exc`` carrying ``margin`` = err / bound, how far past its bound a failing case went (inf for a NaN
+    error or a zero bound): the runner reports it as Verdict.margin."""
+    exc.margin = err / bound if bound > 0 and err == err else float("inf")
+    return exc
