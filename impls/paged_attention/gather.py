@@ -9,6 +9,7 @@ reference the paged kernel is tested against in vLLM's test_attention.py).
 
 import torch
 
+from harness.contracts.attention import check_scores_budget
 from harness.contracts.paged_attention import check_inputs, key_mask
 from harness.registry import register
 
@@ -27,6 +28,7 @@ def gather_then_attend(q, k_cache, v_cache, block_tables, seq_lens, *, causal=Fa
         return torch.zeros_like(q)
     (B, H, Nq, d), Hkv = q.shape, k_cache.shape[1]
     used = -(-int(seq_lens.max()) // k_cache.shape[2])  # table entries past every sequence's end: never gathered
+    check_scores_budget("paged_attention gather", q, used * k_cache.shape[2], copies=2)
     k, v = gather_kv(k_cache, block_tables[:, :used]), gather_kv(v_cache, block_tables[:, :used])  # (B, Hkv, Nk, d)
     Nk = k.shape[2]
     ok = key_mask(seq_lens, Nq, Nk, causal)  # (B, 1, 1, Nq|1, Nk)
