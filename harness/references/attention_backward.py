@@ -88,7 +88,10 @@ def attention_backward_conditioning(q, k, v, lse, do, *, causal: bool = False,
     lse's dtype, P_ij carries a relative error rho_ij <= ds_ij + u_L |L_i|, which nothing renormalizes.  Then
     dV_j moves by sum_i P_ij rho_ij |dO_i| (over the group's heads too), dS_ij = P_ij (dP_ij - D_i) by
     P_ij rho_ij |dP_ij - D_i|, and dQ_i, dK_j by |scale| times that error against |K|, |Q|; e^(max rho) covers
-    the higher orders."""
+    the higher orders.  dP_ij - D_i itself, two dot products of length d that cancel where one key dominates
+    (D_i = dO_i . O_i = dP_ij), errs by up to gamma_d (|dO_i| . |v_j| + |dO_i| . |O_i|) (Higham, Thm 3.5) in
+    any order of the sums, fused or not: times P_ij |scale| |Q| a logit-sized q magnifies it in dK (and |K| in
+    dQ), as the plain orders, exact there for small d, do not show."""
     scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), Hkv = q.shape, k.shape[1]
     u, u_lse = torch.finfo(score_dtype(q.dtype)).eps / 2, torch.finfo(lse.dtype).eps / 2
@@ -106,7 +109,9 @@ def attention_backward_conditioning(q, k, v, lse, do, *, causal: bool = False,
     dp = dog @ v64[:, :, None].transpose(-1, -2)  # (B, Hkv, G, Nq, Nk)
     D = (dog * (p @ v64[:, :, None])).sum(dim=-1, keepdim=True)  # (B, Hkv, G, Nq, 1)
     w = p * rho
-    e_ds = w * (dp - D).abs()  # (B, Hkv, G, Nq, Nk)
+    o_abs = (p @ v64.abs()[:, :, None])  # (B, Hkv, G, Nq, d): >= |O_i| elementwise
+    cancel = gamma * (dog.abs() @ v64.abs()[:, :, None].transpose(-1, -2) + (dog.abs() * o_abs).sum(-1, keepdim=True))
+    e_ds = w * (dp - D).abs() + p * (1 + rho) * cancel  # (B, Hkv, G, Nq, Nk)
     c_dq = abs(scale) * (e_ds @ k64.abs()[:, :, None])  # (B, Hkv, G, Nq, d)
     c_dk = abs(scale) * (e_ds.transpose(-1, -2) @ q64.abs().reshape(dog.shape)).sum(dim=2)  # (B, Hkv, Nk, d)
     c_dv = (w.transpose(-1, -2) @ dog.abs()).sum(dim=2)  # (B, Hkv, Nk, d)

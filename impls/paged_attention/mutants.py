@@ -96,7 +96,7 @@ def buggy_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal
         for part in parts[1:]:
             total = merge_without_rescale(total, part)
         return finalize(total).to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d)
-    return (p @ v).reshape(B, H, Nq, d)  # (B, H, Nq, d)
+    return (p @ v).to(q.dtype).reshape(B, H, Nq, d)  # (B, H, Nq, d): float32 scores come back to q.dtype
 
 
 def reduce_without_last_max(parts) -> torch.Tensor:
