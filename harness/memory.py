@@ -9,7 +9,10 @@ on CUDA, `torch.cuda.max_memory_allocated` measures the same thing from the allo
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -49,3 +52,29 @@ class TensorMemory(TorchDispatchMode):
         if entry[1] == 0:
             self.live -= entry[0]
             del self._storages[ptr]
+
+
+@contextlib.contextmanager
+def address_space_headroom(nbytes: int) -> Iterator[None]:
+    """Cap this process's address space at what it maps now plus ``nbytes`` (Linux), for a call that must
+    refuse an oversized input rather than allocate it: an allocation past the cap fails at once with a
+    MemoryError/RuntimeError instead of paging the machine to death.  Without /proc or RLIMIT_AS: no cap."""
+    try:
+        import resource
+
+        mapped = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                      if line.startswith("VmSize:"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, StopIteration, ValueError):
+        yield
+        return
+    cap = mapped + nbytes
+    if soft != resource.RLIM_INFINITY:
+        cap = min(cap, soft)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

@@ -14,35 +14,50 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.contracts.attention import declared_max_len
+from harness.contracts.attention import MEMORY_BUDGET, declared_max_len, score_dtype
 from harness.contracts.attention_backward import call
 from harness.devices import available
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call
-from harness.memory import TensorMemory
+from harness.memory import TensorMemory, address_space_headroom
 from harness.references.attention import attention64, attention_lse64
-from harness.references.attention_backward import attention_backward64, attention_backward_plain, attention_probs64
+from harness.references.attention_backward import (
+    attention_backward64,
+    attention_backward_conditioning,
+    attention_backward_plain,
+    attention_probs64,
+)
 from harness.runner import applies, needs_cap
-from harness.strategies.attention import BAD_CAUSAL, EMPTY_SHAPES, AttentionCase, attention_cases, long_cases
+from harness.strategies.attention import (
+    ARGUMENTS,
+    BAD_CAUSAL,
+    EMPTY_SHAPES,
+    AttentionCase,
+    attention_cases,
+    long_cases,
+)
 from harness.strategies.attention_backward import fully_masked_cases, output_grad
-from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound
+from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound, with_margin
 
 TECHNIQUE = "attention_backward"
 MAX_LEN = 80  # covers the tile edges 16-17, 32-33, 47-49, 63-65, 79-80; the Python tile loops keep CI in budget
 GRADS = ("dq", "dk", "dv")
 
 
-def draw_case(data, impl, **kw):
-    max_len = min(MAX_LEN, impl.caps.max_len or MAX_LEN)  # Triton's CPU interpreter declares a smaller one
-    return data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), max_len=max_len, **kw),
-                     label="case")
+LARGE_LOGIT_LEN = 40  # the large-logit property's lengths: it computes six plain backwards and a conditioning
+
+
+def draw_case(data, impl, max_len=MAX_LEN, **kw):
+    max_len = min(max_len, impl.caps.max_len or max_len)  # Triton's CPU interpreter declares a smaller one
+    return data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), max_len=max_len,
+                                     arguments=ARGUMENTS, **kw), label="case")
 
 
 def backward_inputs(case):
-    """q, k, v, o, L, dO as a forward in the case's dtype hands them to its backward."""
+    """q, k, v, o, L, dO as a forward in the case's dtype hands them to its backward, each in its own layout."""
     q, k, v = case.tensors()
     o, lse = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
     lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-    return q, k, v, o.to(q.dtype), lse, output_grad(case)
+    return q, k, v, case.laid_out(o, "o"), case.laid_out(lse, "lse"), output_grad(case)
 
 
 def truth_and_plain(case, q, k, v, o, lse, do):
@@ -72,9 +87,11 @@ def test_matches_reference(impl, data):
 @given(data=st.data())
 def test_matches_reference_past_one_tile(impl, data):
     """Up to 8 queries against 129-300 keys, or the other way round: dQ summed over several 128-key tiles,
-    dK and dV over several 128-query tiles (MAX_LEN keeps the other properties inside one such tile)."""
+    dK and dV over several 128-query tiles (MAX_LEN keeps the other properties inside one such tile); one draw
+    in PAST_GRID goes past 4096 keys or queries, past the grids kernels launch."""
     assert_matches_reference(impl, data.draw(long_cases(dtypes=impl.dtypes, devices=available(impl.devices),
-                                                        max_len=300, max_d=128, long_queries=True), label="case"))
+                                                        max_len=300, max_d=128, long_queries=True,
+                                                        arguments=ARGUMENTS), label="case"))
 
 
 # Cases Hypothesis found (thorough profile), kept here because draws from st.data() cannot be pinned with
@@ -101,6 +118,27 @@ def test_matches_reference_on_found_cases(impl):
 
 
 @given(data=st.data())
+def test_large_logits_stay_finite_and_correct(impl, data):
+    """Scores of magnitude 1e3-1e4, or all 800-3000 below zero (one extra head dim), in every declared dtype:
+    P = exp(S - L) recomputed from the delivered L neither overflows nor loses the rows, and half-precision
+    inputs carry S in float32 (the contract).  The bound: 3 x the plain backward with float32 scores for half
+    inputs, plus what rounding the recomputed scores and the delivered L costs (attention_backward_conditioning)."""
+    far = data.draw(st.booleans(), label="far below zero")
+    case = draw_case(data, impl, max_len=LARGE_LOGIT_LEN, magnitude=None if far else st.floats(1e3, 1e4),
+                     offset=st.floats(800, 3000) if far else None)
+    q, k, v, o, lse, do = backward_inputs(case)
+    grads = call(impl, q, k, v, o, lse, do, causal=case.causal, scale=case.scale)
+    truth = attention_backward64(q, k, v, do, causal=case.causal, scale=case.scale)
+    plain = attention_backward_plain(q, k, v, o, lse, do, causal=case.causal, scale=case.scale,
+                                     scores_in=score_dtype(q.dtype))
+    conditioning = attention_backward_conditioning(q, k, v, lse, do, causal=case.causal, scale=case.scale)
+    where = f"logits {case.offset:.0f} below 0" if far else f"logits ~{case.magnitude:.0f}"
+    for i, name in enumerate(GRADS):
+        assert_earned(grads[i], truth[i], [p[i] for p in plain], dtype_of(case.dtype), kind="grad",
+                      conditioning=conditioning[i], what=f"{impl.name} {name} at {where}")
+
+
+@given(data=st.data())
 def test_key_gradients_sum_to_zero(impl, data):
     """Adding one vector to every key shifts each score row by a constant, which softmax ignores: so
     sum_j dK_j = scale sum_i (sum_j dS_ij) q_i = 0, because sum_j dS_ij = sum_j P_ij dP_ij - D_i = 0 exactly
@@ -111,7 +149,9 @@ def test_key_gradients_sum_to_zero(impl, data):
     truth, plain = truth_and_plain(case, q, k, v, o, lse, do)
     bound = case.Nk * earned_bound(truth[1], [p[1] for p in plain], dtype_of(case.dtype), "grad")
     total = dk.double().sum(dim=2).abs().max().item()  # (B, Hkv, d) summed over keys
-    assert total <= bound, f"{impl.name}: sum over keys of dK is {total:.3g}, not 0 (allowed {bound:.3g})"
+    if not total <= bound:
+        raise with_margin(AssertionError(f"{impl.name}: sum over keys of dK is {total:.3g}, not 0 "
+                                         f"(allowed {bound:.3g})"), total, bound)
 
 
 @given(data=st.data())
@@ -161,6 +201,9 @@ def test_empty_shapes_give_empty_gradients(impl):
         assert not bool(dq.any()), f"{impl.name} on {name} (causal={causal}): nonzero dq with no key to see"
 
 
+PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: four (60000, 60000) float32 matrices are 58 GB, past MEMORY_BUDGET
+
+
 def _bad_inputs():
     q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
     o, do, lse = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4)
@@ -176,10 +219,23 @@ def _bad_inputs():
 
 
 def test_rejects_bad_input(impl):
-    """Inputs that break the contract raise ValueError/TypeError naming the argument."""
+    """Inputs that break the contract raise ValueError/TypeError naming the argument: among them any argument on
+    another device than q (meta here), and, from an implementation that materializes (Nq, Nk) matrices (not
+    tiled), a 60,000-token backward past the memory budget, refused before allocating (address space capped)."""
     names = ("q", "k", "v", "o", "lse", "do")
     for name, args in _bad_inputs().items():
         assert_rejected(impl, name, *args, causal=False, scale=None, names=names, arg_names=names)
+    good = dict(zip(names, (torch.randn(shape) for shape in [(1, 2, 4, 8)] * 4 + [(1, 2, 4), (1, 2, 4, 8)]),
+                    strict=True))
+    for name in names[1:]:
+        moved = good | {name: good[name].to("meta")}
+        assert_rejected(impl, f"{name} on the meta device", *moved.values(), causal=False, scale=None, names=(name,),
+                        arg_names=names)
+    if not impl.caps.tiled:
+        long = torch.zeros(1, 1, PAST_BUDGET_TOKENS, 1)
+        with address_space_headroom(2 * MEMORY_BUDGET):
+            assert_rejected(impl, f"{PAST_BUDGET_TOKENS} tokens past the memory budget", long, long, long, long,
+                            long[..., 0], long, causal=False, scale=None, names=("Nq", "Nk"), arg_names=names)
     q, k, v, o, do = (torch.randn(1, 2, 4, 8) for _ in range(5))
     lse = torch.randn(1, 2, 4)
     for causal in BAD_CAUSAL:

@@ -11,14 +11,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.contracts.attention import MEMORY_BUDGET
 from harness.contracts.paged_attention import call
 from harness.devices import available
 from harness.guard import ContractViolation, assert_rejected
-from harness.references.attention import attention64, attention_plain, attention_score_conditioning
-from harness.runner import needs_dtype
+from harness.memory import address_space_headroom
+from harness.references.attention import attention64, attention_plain, large_logit_yardstick
 from harness.strategies.attention import BAD_CAUSAL
 from harness.strategies.paged_attention import paged_attention_blind_row_cases, paged_attention_cases
-from harness.tolerance import HIGH_PRECISION, assert_earned, dtype_of
+from harness.tolerance import assert_earned, dtype_of
 
 TECHNIQUE = "paged_attention"
 
@@ -31,8 +32,8 @@ def check_against_contiguous(impl, case):
     for b, (k, v) in enumerate(kv):
         qb = q[b:b + 1]  # (1, H, Nq, d)
         truth = attention64(qb, k, v, causal=case.causal, scale=case.scale)
-        plain = attention_plain(qb, k, v, causal=case.causal, scale=case.scale)
-        conditioning = attention_score_conditioning(qb, k, v, causal=case.causal, scale=case.scale) if large else 0
+        plain, conditioning = (large_logit_yardstick(qb, k, v, causal=case.causal, scale=case.scale) if large else
+                               (attention_plain(qb, k, v, causal=case.causal, scale=case.scale), 0.0))
         assert_earned(out[b:b + 1], truth, plain, dtype_of(case.dtype), kind="large_logits" if large else "forward",
                       conditioning=conditioning,
                       what=f"{impl.name} sequence {b} (of length {case.seq_lens[b]}, block {case.block_size})")
@@ -49,31 +50,32 @@ def test_matches_contiguous_attention(impl, data):
 @given(data=st.data())
 def test_decode_matches_contiguous_attention(impl, data):
     """Decode (Nq = 1) over sequences of different lengths in one batch, as a serving step runs it; up to
-    1100 tokens, so a sequence spans three of vLLM V2's 512-token partitions and their merge is checked."""
+    1100 tokens, so a sequence spans three of vLLM V2's 512-token partitions and their merge is checked; one
+    draw in PAST_GRID is one sequence of more than 4096 one-token blocks (a table past 4096 entries)."""
     case = data.draw(paged_attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), max_len=1100,
-                                           decode=True), label="case")
+                                           decode=True, past_grid=True), label="case")
     check_against_contiguous(impl, case)
 
 
-@needs_dtype(*HIGH_PRECISION)
 @given(data=st.data())
 def test_large_logits_stay_finite_and_correct(impl, data):
-    """Scores of magnitude 1e3-1e4 (q scaled up) must not overflow: the running max is subtracted first."""
-    dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
-    case = data.draw(paged_attention_cases(dtypes=dtypes, devices=available(impl.devices), max_len=130,
+    """Scores of magnitude 1e3-1e4 (q scaled up) must not overflow: the running max is subtracted first, the
+    max of every 512-token partition included in V2's reduce (half the draws are decodes up to 1100 tokens).
+    In every declared dtype: a half-precision kernel carries scores in float32 (the contract)."""
+    long = data.draw(st.booleans(), label="decode past one partition")
+    case = data.draw(paged_attention_cases(dtypes=impl.dtypes, devices=available(impl.devices),
+                                           max_len=1100 if long else 130, decode=True if long else None,
                                            magnitude=st.floats(1e3, 1e4), wide=False), label="case")
     check_against_contiguous(impl, case)
 
 
-@needs_dtype(*HIGH_PRECISION)
 @given(data=st.data())
 def test_logits_far_below_zero(impl, data):
     """Every logit of a row moved down by 800-3000 (through one extra head dim: q -offset/scale, k 1, v 0)
-    changes no output, softmax being shift-invariant, in decodes up to 1100 tokens.  A max that starts at 0
-    instead of -inf -- in the running max, or in split-K's reduce over 512-token partitions -- underflows
-    every e^(s - m) to 0 there and returns 0 or NaN."""
-    dtypes = tuple(d for d in impl.dtypes if d in HIGH_PRECISION)
-    case = data.draw(paged_attention_cases(dtypes=dtypes, devices=available(impl.devices), max_len=1100,
+    changes no output, softmax being shift-invariant, in decodes up to 1100 tokens and every declared dtype.
+    A max that starts at 0 instead of -inf -- in the running max, or in split-K's reduce over 512-token
+    partitions -- underflows every e^(s - m) to 0 there and returns 0 or NaN."""
+    case = data.draw(paged_attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), max_len=1100,
                                            decode=True, offset=st.floats(800, 3000)), label="case")
     check_against_contiguous(impl, case)
 
@@ -93,6 +95,8 @@ def test_empty_shapes_give_empty_output(impl):
                 raise AssertionError(f"{impl.name} on {name} (causal={causal}): {exc}") from exc
 
 
+NAMES = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
+PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, past MEMORY_BUDGET
 BAD_INPUTS = {
     "block table entry past the pool": ("block_tables", lambda t, s: (t + 1000, s)),
     "sequence longer than its table": ("seq_lens", lambda t, s: (t, s + 10_000)),
@@ -116,7 +120,10 @@ def test_rows_that_see_no_key_are_zero(impl, data):
 
 
 def test_rejects_bad_input(impl):
-    """Tables and lengths that break the contract raise ValueError/TypeError naming the argument."""
+    """Tables and lengths that break the contract raise ValueError/TypeError naming the argument; so do caches
+    of block_size 0 (naming k_cache, not the seq_lens that then look too long), any argument on another device
+    than q (meta here), and, from an implementation that materializes a sequence's (Nq, Nk) scores (not tiled),
+    a 60,000-token prefill past the memory budget, refused before allocating (address space capped)."""
     q = torch.randn(2, 2, 1, 8, dtype=dtype_of(impl.dtypes[0]))
     k_cache, v_cache = torch.randn(2, 4, 2, 4, 8, dtype=q.dtype).unbind(0)  # (num_blocks=4, Hkv=2, bs=4, d=8)
     tables, seq_lens = torch.tensor([[0, 1], [2, 3]]), torch.tensor([5, 8])
@@ -124,6 +131,21 @@ def test_rejects_bad_input(impl):
         arg, spoil = BAD_INPUTS[name]
         t, s = spoil(tables, seq_lens)
         assert_rejected(impl, name, q, k_cache, v_cache, t, s, causal=False, scale=None, names=(arg,))
+    empty = k_cache[:, :, :0]  # (4, 2, 0, 8): block_size 0
+    assert_rejected(impl, "block_size 0", q, empty, empty, tables, seq_lens, causal=False, scale=None,
+                    names=("k_cache", "block_size"))
+    good = dict(zip(NAMES, (q, k_cache, v_cache, tables, seq_lens), strict=True))
+    for name in NAMES[1:]:
+        moved = good | {name: good[name].to("meta")}
+        assert_rejected(impl, f"{name} on the meta device", *moved.values(), causal=False, scale=None,
+                        names=(name,))
+    if not impl.caps.tiled:
+        n, bs = PAST_BUDGET_TOKENS, 16
+        long_q, cache = torch.zeros(1, 1, n, 1, dtype=q.dtype), torch.zeros(n // bs, 1, bs, 1, dtype=q.dtype)
+        with address_space_headroom(2 * MEMORY_BUDGET):
+            assert_rejected(impl, f"a {n}-token prefill past the memory budget", long_q, cache, cache,
+                            torch.arange(n // bs)[None], torch.tensor([n]), causal=False, scale=None,
+                            names=("Nq", "Nk"))
     for causal in BAD_CAUSAL:
         assert_rejected(impl, f"causal={causal!r}", q, k_cache, v_cache, tables, seq_lens, causal=causal, scale=None,
                         names=("causal",))

@@ -9,6 +9,31 @@
   and what KV-cache decoding needs). A query row that sees no key returns zeros.
 * causal must be a bool. B, H, Nq and Nk may be 0: the output is then empty (or zeros when Nk = 0).
 * The output has q's shape, dtype and device. Inputs are left unchanged.
+* Layouts: q, k and v may each be any strided view, each its own -- heads viewed out of a (B, N, H, d)
+  projection, a slice of a larger persistent buffer -- and k need not share v's strides, nor q's.  Read them
+  through their strides (or copy them); never infer a layout from the shape (Nk == d, Nq == H, Nq == Nk and
+  H == Hkv are all legal shapes of this one layout).
+* Devices: q, k and v lie on one device, else ValueError naming the one that is not on q's; the output lies
+  on q's device (same_device, on_device_of).
+* Memory budget: a call allocates at most MEMORY_BUDGET bytes at once.  An implementation that materializes
+  the (B, H, Nq, Nk) scores (not declaring ``tiled``) checks before allocating them (check_scores_budget) and
+  raises ValueError naming Nq, Nk and the bytes; a tiled one holds a tile per head and has no such limit.
+
+Exact, up to rounding.  Exact: which keys each row sees, the head mapping, the scale, the zeros of rows that
+see no key.  Rounding, and what the earned bounds of harness/tolerance.py admit:
+  * each score's dot product and scaling, in any summation order.  float16/bfloat16 inputs carry scores and
+    softmax in float32 (score_dtype), as FlashAttention does: in the inputs' own precision q.k overflows
+    float16 past 65504 and a bfloat16 logit past 256 is rounded by a nat or more, so at large logits the bound
+    is earned by a plain computation with float32 scores, and a kernel keeping half-precision scores fails;
+  * normalizing by the row sum (before or after the product with v), or by subtracting a logsumexp
+    c = m + log l computed from the same scores (P = exp(S - L), no division), or partitions (o_p, lse_p)
+    merged with weights e^(lse_p - lse) without renormalizing (one level of partitions under the total:
+    split-K, FlashInfer's merge); exponentials in base e or base 2 of scores scaled by log2(e);
+  * P rounded to the inputs' dtype before P V, and the output to it.
+  At ordinary logits the bound is k x the largest error of six such plain computations in the dtype
+  (references.attention_plain); at logits past ~88 it adds attention_score_conditioning: what rounding the
+  scores, and the logsumexps a kernel subtracts (min(|c| eps, c - m) each), costs.  Not admitted at large
+  logits: a P recomputed in another order than the scores its L came from, or a deeper tree of lse merges.
 """
 
 from __future__ import annotations
@@ -21,7 +46,7 @@ import torch
 
 from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
-from harness.guard import call_limit, check_tensor, guarded_call
+from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
 
@@ -67,6 +92,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
             raise ValueError(f"attention: {name} must have 4 dims (B, heads, N, d), got shape {tuple(t.shape)}")
         if not t.is_floating_point():
             raise ValueError(f"attention: {name} must be floating point, got {t.dtype}")
+    same_device("attention", q, k=k, v=v)
     if k.shape != v.shape:
         raise ValueError(f"attention: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     (B, H, _, d), (Bk, Hkv, _, dk) = q.shape, k.shape
@@ -85,6 +111,39 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     if not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ValueError(f"attention: scale must be a finite float or None, got {scale!r}")
     return float(scale)
+
+
+def same_device(technique: str, q: torch.Tensor, **others: torch.Tensor) -> None:
+    """Every tensor argument on q's device, or a ValueError naming the one that is not: a kernel that moves it
+    silently hides a copy per call; one that does not check reads another device's pointer."""
+    for name, t in others.items():
+        if t.device != q.device:
+            raise ValueError(f"{technique}: {name} is on {t.device} but q is on {q.device}; every tensor argument "
+                             "must be on one device")
+
+
+# The working-memory budget of one call (module docstring).  2 GiB: the largest (Nq, Nk) score matrix a CPU test
+# machine affords next to its other work; a 60,000-token prompt's scores are 14 GB.
+MEMORY_BUDGET = 2 * 2**30
+
+
+def check_scores_budget(technique: str, q: torch.Tensor, Nk: int, copies: int = 1, dtype=None) -> None:
+    """For an implementation that materializes ``copies`` (B, H, Nq, Nk) matrices of ``dtype`` (default the
+    scores': score_dtype(q.dtype)): a ValueError naming the sizes, before allocating, when they exceed
+    MEMORY_BUDGET."""
+    B, H, Nq = q.shape[:3]
+    size = torch.empty((), dtype=dtype or score_dtype(q.dtype)).element_size()
+    need = copies * B * H * Nq * Nk * size
+    if need > MEMORY_BUDGET:
+        raise ValueError(f"{technique}: {copies} x the (B, H, Nq, Nk) = ({B}, {H}, {Nq}, {Nk}) score matrix needs "
+                         f"{need / 2**30:.1f} GiB at once, past the memory budget of {MEMORY_BUDGET / 2**30:g} GiB "
+                         "(harness.contracts.attention.MEMORY_BUDGET); a tiled implementation needs no such matrix")
+
+
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores and softmax are carried in for inputs of ``dtype``: float32 for float16/bfloat16
+    (as FlashAttention's kernels do; the module docstring says why), the inputs' own otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def check_causal(causal, technique: str) -> None:
@@ -113,7 +172,15 @@ def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
                        timeout_s=call_limit(impl))
     if impl.caps.masked_rows == "unspecified" and isinstance(out, torch.Tensor) and out.shape == q.shape:
         out = out.masked_fill(~sees_a_key(q.shape[2], k.shape[2], causal, out.device)[:, None], 0)
-    return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)
+    return on_device_of(q, check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype,
+                                        device=q.device), f"{impl.name} output")
+
+
+def on_device_of(q: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:
+    """``out`` itself, if it lies on q's device (the index too: cuda:1 inputs give cuda:1 outputs)."""
+    if out.device != q.device:
+        raise ContractViolation(f"{what}: returned a tensor on {out.device}, expected q's device {q.device}")
+    return out
 
 
 def sees_a_key(Nq: int, Nk: int, causal: bool, device=None) -> torch.Tensor:

@@ -13,6 +13,19 @@
   by G query heads is the sum over those heads.  A row that sees no key contributes nothing: its dq
   row is 0.  Inputs are left unchanged.
 * causal must be a bool.  B, H, Nq and Nk may be 0: the gradients are then empty (dq is 0 when Nk = 0).
+* Layouts: every tensor argument may be a strided view, each its own -- o, lse and dO too: the outputs of a
+  previous call are not always contiguous (FlashAttention pads lse to whole row blocks; autograd hands a
+  transposed dO) -- and no layout may be inferred from the shape (H == Nq makes lse square).
+* Devices: every tensor argument on q's device, else ValueError naming it; the gradients on q's device.
+* Memory budget: as the forward's (harness/contracts/attention.py): an implementation that materializes
+  (Nq, Nk) matrices (S, P, dP, dS; not declaring ``tiled``) refuses, before allocating, a call whose matrices
+  exceed MEMORY_BUDGET, with a ValueError naming Nq and Nk.
+
+Exact, up to rounding.  Exact: the masking, the head mapping and the group sums, zero dq rows for rows that see
+no key.  Rounding, admitted by the earned gradient bounds: the scores in any order (float32 for half inputs),
+P recomputed as exp(S - L) from the delivered L (base e, or base 2 of S log2 e - L log2 e) or as a softmax,
+D = rowsum(dO o O) in any order (products rounded or fused), the scale applied before or after the products,
+the sums over query tiles and over the G heads of a group in any order (references.attention_backward_plain).
 
 Forward implementations (technique "attention") that can also return L declare
 ``caps={"returns_lse": True}`` and accept a keyword ``return_lse=True``, with which they return
@@ -27,7 +40,7 @@ import torch
 
 from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
-from harness.contracts.attention import check_inputs
+from harness.contracts.attention import check_inputs, on_device_of, same_device
 from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
@@ -58,14 +71,14 @@ ATTENTION_BACKWARD = define(
 def check_backward_inputs(q, k, v, o, lse, do, scale: float | None = None, causal: bool = False) -> float:
     """Validate the contract's inputs; return the effective scale. Raises ValueError naming the argument."""
     scale = check_inputs(q, k, v, scale, causal)
-    for name, t in (("o", o), ("do", do)):
+    for name, t in (("o", o), ("do", do), ("lse", lse)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention_backward: {name} must be a torch.Tensor, got {type(t).__name__}")
+    same_device("attention_backward", q, o=o, lse=lse, do=do)
+    for name, t in (("o", o), ("do", do)):
         if t.shape != q.shape or t.dtype != q.dtype:
             raise ValueError(f"attention_backward: {name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
                              f"got {tuple(t.shape)} {t.dtype}")
-    if not isinstance(lse, torch.Tensor):
-        raise TypeError(f"attention_backward: lse must be a torch.Tensor, got {type(lse).__name__}")
     if lse.shape != q.shape[:-1] or lse.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"attention_backward: lse must be float32/float64 of shape {tuple(q.shape[:-1])} (B, H, Nq), "
                          f"got {tuple(lse.shape)} {lse.dtype}")
@@ -82,5 +95,6 @@ def call(impl: Impl, q, k, v, o, lse, do, *, causal: bool, scale: float | None):
     if not (isinstance(out, tuple | list) and len(out) == 3):
         got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple | list) else type(out).__name__
         raise ContractViolation(f"{impl.name}: returned {got}, expected a tuple (dq, dk, dv)")
-    return tuple(check_tensor(g, what=f"{impl.name} {name}", shape=tuple(x.shape), dtype=x.dtype, device=x.device)
+    return tuple(on_device_of(q, check_tensor(g, what=f"{impl.name} {name}", shape=tuple(x.shape), dtype=x.dtype,
+                                              device=x.device), f"{impl.name} {name}")
                  for g, name, x in zip(out, ("dq", "dk", "dv"), (q, k, v), strict=True))

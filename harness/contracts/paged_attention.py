@@ -14,9 +14,19 @@
 * Per sequence the result is the attention contract's softmax(q k^T * scale) v over its seq_lens[b]
   keys, causal aligned bottom-right (query i sees key j iff j <= i + seq_lens[b] - Nq); a query row that
   sees no key returns zeros.  The output has q's shape, dtype and device; inputs are left unchanged.
-* Any argument may be a strided view: q sliced from a (B, Nq, H, d) projection, the caches the two halves of
-  one (num_blocks, 2, Hkv, block_size, d) pool, the tables the first columns of wider persistent ones.
-  Sequences may share physical blocks (a common prefix stored once), and a sequence may fill its table.
+* Every argument may be a strided view, each its own: q sliced from a (B, Nq, H, d) projection; k_cache and
+  v_cache with different strides (either stored (num_blocks, block_size, Hkv, d), as vLLM's flash layout, one
+  half of a (num_blocks, 2, Hkv, block_size, d) pool, or a slice of a larger one); the tables the first columns
+  of wider persistent ones, or stored (max_blocks, B); seq_lens every other entry of a persistent buffer.  No
+  layout may be inferred from the shape (d == block_size, block_size == Hkv are legal shapes of this one).
+  Sequences may share physical blocks (a common prefix stored once), and a sequence may fill its table;
+  a table may hold more than 4096 blocks.
+* block_size (k_cache's dim 2) >= 1: 0 is a ValueError naming k_cache.  Every tensor argument on q's device,
+  else ValueError naming it; the output on q's device.
+* Memory budget: as attention's (harness/contracts/attention.py): an implementation that materializes a
+  sequence's (Nq, Nk) scores (not declaring ``tiled``) refuses, before allocating, a call whose scores exceed
+  MEMORY_BUDGET, with a ValueError naming Nq and Nk.
+* Rounding: as attention's contract admits it, per sequence; V2's 512-token partitions are one level of them.
 * causal must be a bool.  B, H and Nq may be 0 (an empty batch or query chunk): the output is empty.
 Kwon et al. 2023, "Efficient Memory Management for LLM Serving with PagedAttention", Sec. 4.1.
 """
@@ -30,7 +40,7 @@ import torch
 
 from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
-from harness.contracts.attention import check_causal
+from harness.contracts.attention import check_causal, on_device_of, same_device
 from harness.guard import call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
@@ -39,6 +49,8 @@ from harness.registry import Impl
 class PagedAttentionCaps(BatchedCaps):
     partition_tokens: int | None = cap(None, "keys per partition of a split-K (vLLM v2) kernel; None: one pass")
     compiled: bool = cap(False, "a compiled C kernel whose loop order is fixed by logical key order")
+    tiled: bool = cap(False, "works block by block, never materializing a sequence's (Nq, Nk) scores (else it "
+                             "refuses a call past the memory budget)")
 
 PAGED_ATTENTION = define(
     Technique(
@@ -66,6 +78,7 @@ def check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale=None, causal
         if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
             got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise TypeError(f"paged_attention: {name} must be an int32 or int64 torch.Tensor, got {got}")
+    same_device("paged_attention", q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"paged_attention: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
     (B, H, _, d), (num_blocks, Hkv, block_size, dk) = q.shape, k_cache.shape
@@ -78,6 +91,8 @@ def check_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale=None, causal
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise ValueError(f"paged_attention: q, k_cache, v_cache must share a dtype, got {q.dtype}, "
                          f"{k_cache.dtype}, {v_cache.dtype}")
+    if block_size == 0:  # else every seq_lens would look too long for its table
+        raise ValueError("paged_attention: k_cache's block_size (dim 2) must be at least 1, got 0")
     if block_tables.dim() != 2 or block_tables.shape[0] != B:
         raise ValueError(f"paged_attention: block_tables must be (B={B}, max_blocks), got {tuple(block_tables.shape)}")
     if tuple(seq_lens.shape) != (B,):
@@ -111,4 +126,5 @@ def call(impl: Impl, q, k_cache, v_cache, block_tables, seq_lens, *, causal: boo
     """Call an implementation under guard and check the promised output."""
     out = guarded_call(impl.fn, q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale,
                        arg_names=("q", "k_cache", "v_cache", "block_tables", "seq_lens"), timeout_s=call_limit(impl))
-    return check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype, device=q.device)
+    return on_device_of(q, check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype,
+                                        device=q.device), f"{impl.name} output")

@@ -5,54 +5,95 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
-from harness.contracts.attention import causal_allowed, check_inputs
+from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, score_dtype
 
 
 def attention64(q, k, v, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v in float64, straight from the definition; masked-out rows give 0."""
     scale = check_inputs(q, k, v, scale, causal)
+    check_scores_budget("attention reference", q, k.shape[2], copies=2, dtype=torch.float64)
     q, k, v = q.double(), k.double(), v.double()
     s = _scores(q, k, scale, causal)  # (B, Hkv, G, Nq, Nk)
     return (_softmax_rows(s) @ v[:, :, None]).reshape(q.shape)  # (B, H, Nq, d)
 
 
-PLAIN_ORDERS = 4  # operation orders of attention_plain
+PLAIN_ORDERS = 6  # operation orders of attention_plain
+LSE_PARTITION = 32  # keys per partition of the LSE-merged plain order (split-K decoding's smallest split)
 
 
-def attention_plain(q, k, v, *, causal: bool = False, scale: float | None = None) -> list[torch.Tensor]:
+def attention_plain(q, k, v, *, causal: bool = False, scale: float | None = None,
+                    scores_in: torch.dtype | None = None) -> list[torch.Tensor]:
     """The 'plain computations' that earn tolerances: the formula carried out in the inputs' own dtype
-    in four mathematically identical operation orders (d summed in reverse; q scaled before the
-    product; d split in two halves; base-2 scores s * log2(e) and exp2, as FlashAttention-2's kernels
-    compute them, which rounds every score once more), normalizing before or after the product with v.
+    in six mathematically identical operation orders.  Four divide by the row sum: d summed in reverse;
+    q scaled before the product (normalizing before the product with v); d split in two halves; base-2
+    scores s * log2(e) and exp2, as FlashAttention-2's kernels compute them.  Two normalize by a
+    logsumexp instead, as every kernel that returns L does: P = exp(S - L) with L = m + log l and no
+    division (FlashAttention-2's backward form), and partitions of LSE_PARTITION keys normalized on their
+    own and merged with weights e^(lse_p - lse), not renormalized (split-KV combine, FlashInfer's merge);
+their logsumexps are held in float32 for half inputs, as the L a forward returns is.
     The largest of their distances from the reference is an honest sample of that dtype's rounding
     error: never the zero that re-running the reference's own order gives in float64, and not one
-    lucky draw either."""
+    lucky draw either.
+
+    ``scores_in``: the dtype scores and softmax are carried in, P rounded to q's dtype before the
+    product with v and the output at the end -- how a fused kernel computes half-precision attention
+    (float32 scores).  The properties at logits past ~88 pass score_dtype(q.dtype): there, scores
+    rounded to bfloat16 lose the logits' integer part and float16's q.k overflows, so a plain
+    computation in the inputs' own precision earns no bound at all."""
     scale = check_inputs(q, k, v, scale, causal)
+    T = q.dtype
+    if scores_in is not None:
+        q, k = q.to(scores_in), k.to(scores_in)  # exact: a wider float holds every value of the narrower one
     h = q.shape[-1] // 2
-    orders = [
+    divided = [
         (_scores(q.flip(-1), k.flip(-1), scale, causal), False, torch.exp),
         (_scores(q * scale, k, 1.0, causal), True, torch.exp),
         (_scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal), False,
          torch.exp),
         (_scores(q, k, scale * math.log2(math.e), causal), False, torch.exp2),
     ]
-    return [_softmax_v(s, v, normalize_first, exp) for s, normalize_first, exp in orders]
+    outs = [_softmax_v(s, v, normalize_first, exp, T) for s, normalize_first, exp in divided]
+    wide = score_dtype(T)  # a logsumexp is held in float32 at least: the L a forward returns is float32 or float64
+    outs += [_lse_normalized_v(_scores(q, k, scale, causal).to(wide), v, T),
+             _lse_merged_v(_scores(q * scale, k, 1.0, causal).to(wide), v, T)]
+    return [_heads(o).to(T) for o in outs]
+
+
+def large_logit_yardstick(q, k, v, *, causal: bool = False, scale: float | None = None):
+    """(plains, conditioning) that earn the bound at logits past ~88: the plain computations with scores in
+    score_dtype(q.dtype), and the rounding the scores and subtracted logsumexps cost there."""
+    return (attention_plain(q, k, v, causal=causal, scale=scale, scores_in=score_dtype(q.dtype)),
+            attention_score_conditioning(q, k, v, causal=causal, scale=scale))
 
 
 def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float | None = None) -> float:
-    """First-order bound on the output error that rounding the scores alone causes in q's dtype.
+    """First-order bound on the output error that rounding the scores, and the logsumexps subtracted
+    from them, causes at large logits; scores carried in score_dtype(q.dtype) (float32 for half inputs).
 
-    A dot product of length d carries |ds_ij| <= gamma_d * scale * sum_c |q_ic k_jc| with
+    Scores: a dot product of length d carries |ds_ij| <= gamma_d * scale * sum_c |q_ic k_jc| with
     gamma_d = d u / (1 - d u) (Higham, Accuracy and Stability, Thm 3.5), plus u |s_ij| for the
     scaling.  Softmax turns it into do_i = sum_j p_ij ds_ij (v_j - o_i); the factor e^(2 max|ds|)
-    covers the second-order terms.  At logits of 1e3-1e4 this term, not the arithmetic after it,
-    dominates every correct kernel's error, and it differs from draw to draw of the operation order.
-    Any weights give a convex combination of the visible v_j, so max_j |v_j - o_i| caps the bound
-    where e^(2 max|ds|) overflows (low precision at huge logits), and one visible key gives 0.
+    covers the second-order terms.  Any weights give a convex combination of the visible v_j, so
+    max_j |v_j - o_i| caps this term where e^(2 max|ds|) overflows, and one visible key gives 0.
+
+    Normalizers: a kernel that subtracts a logsumexp c = m + log l computed in floats instead of
+    dividing by l (P = exp(S - L); partitions (o_p, lse_p) merged with weights e^(lse_p - lse)) does
+    not renormalize, so the rounding of c reaches every weight it scales, unlike a common score error.
+    Rounding m + log l to the nearest float errs by at most min(u |c|, c - m): the conditioning |c| eps
+    of exp(s - c), which vanishes where one key dominates (c = m exactly).  For key j, a partition's
+    lse_p lies in [s_j, L], so it errs by r_ij = min(u max(|s_ij|, |L_i|), L_i - s_ij, log n_i)
+    (n_i visible keys); lse = logsumexp_p lse_p inherits sum_j p_ij r_ij and adds min(u |L_i|,
+    L_i - max_j s_ij); the subtractions s - lse_p, lse_p - lse and those inside the logsumexp add
+    3 u (L_i - s_ij).  The weights p_ij (1 + rho_ij) then move o_i by sum_j p_ij rho_ij |v_j| (times
+    e^(max rho) for higher orders).  This admits one level of partitions under the total (split-K,
+    paged V2); the lse rounding of a deeper tree of merges is not covered.  Score errors of a P
+    recomputed in a different order from the L it is normalized by are not covered either: the
+    forward computes each score once (or recomputes it bit for bit).
     """
     scale = check_inputs(q, k, v, scale, causal)
-    u = torch.finfo(q.dtype).eps / 2
+    u = torch.finfo(score_dtype(q.dtype)).eps / 2
     d = q.shape[-1]
     gamma = d * u / (1 - d * u)
     q64, k64, v64 = q.double(), k.double(), v.double()
@@ -67,7 +108,25 @@ def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float 
     worst = ds.masked_fill(p == 0, 0).max().item()
     growth = torch.tensor(2 * worst, dtype=torch.float64).exp()  # inf past e^709
     hull = spread.masked_fill(~torch.isfinite(s)[..., None], 0).amax(dim=-2)  # (B, Hkv, G, Nq, d)
-    return torch.where(first_order > 0, first_order * growth, 0).minimum(hull).max().item()
+    scores = torch.where(first_order > 0, first_order * growth, 0).minimum(hull)
+    return (scores + _normalizer_rounding(s, p, v64, u)).max().item()
+
+
+def _normalizer_rounding(s: torch.Tensor, p: torch.Tensor, v: torch.Tensor, u: float) -> torch.Tensor:
+    """sum_j p_ij rho_ij |v_j| (B, Hkv, G, Nq, d): what rounding the logsumexps a kernel subtracts costs
+    (attention_score_conditioning's second part)."""
+    seen = torch.isfinite(s)  # (B, Hkv, G, Nq, Nk)
+    L = torch.logsumexp(s, dim=-1, keepdim=True)  # (B, Hkv, G, Nq, 1); -inf on rows that see no key
+    sees = torch.isfinite(L)
+    L = torch.where(sees, L, 0)
+    gap = torch.where(seen, L - s, 0).clamp(min=0)  # L - s_j >= 0 on visible keys
+    n = seen.sum(dim=-1, keepdim=True).clamp(min=1).double()
+    r = torch.minimum(torch.minimum(u * torch.maximum(s.abs(), L.abs()), gap), n.log()).masked_fill(~seen, 0)
+    top_gap = torch.where(seen, gap, float("inf")).amin(dim=-1, keepdim=True)  # L - max_j s_j
+    r_total = torch.where(sees, torch.minimum(u * L.abs(), top_gap), 0)
+    rho = (r + (p * r).sum(dim=-1, keepdim=True) + r_total + 3 * u * gap).masked_fill(~seen, 0)
+    growth = rho.max().exp() if rho.numel() else 1.0
+    return ((p * rho) @ v.abs()[:, :, None]) * growth  # (B, Hkv, G, Nq, d)
 
 
 def _softmax_rows(s: torch.Tensor) -> torch.Tensor:
@@ -76,12 +135,51 @@ def _softmax_rows(s: torch.Tensor) -> torch.Tensor:
     return torch.where((s == float("-inf")).all(dim=-1, keepdim=True), 0.0, torch.softmax(s, dim=-1))
 
 
-def _softmax_v(s: torch.Tensor, v: torch.Tensor, normalize_first: bool, exp=torch.exp) -> torch.Tensor:
+def _softmax_v(s: torch.Tensor, v: torch.Tensor, normalize_first: bool, exp=torch.exp,
+               p_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax(s) v, (B, Hkv, G, Nq, d), divided by the row sum; P rounded to ``p_dtype`` before the
+    product with v (a no-op when it is s's dtype)."""
     m = s.amax(dim=-1, keepdim=True)
     p = exp(s - torch.where(torch.isfinite(m), m, 0))  # (B, Hkv, G, Nq, Nk)
     l = p.sum(dim=-1, keepdim=True)  # noqa: E741
     l = torch.where(l > 0, l, 1)  # noqa: E741 - rows that see no key stay 0
-    out = (p / l) @ v[:, :, None] if normalize_first else (p @ v[:, :, None]) / l  # (B, Hkv, G, Nq, d)
+    p, v = _rounded(p, p_dtype), v.to(s.dtype)[:, :, None]  # (B, Hkv, 1, Nk, d)
+    return (p / l) @ v if normalize_first else (p @ v) / l  # (B, Hkv, G, Nq, d)
+
+
+def _lse_normalized_v(s: torch.Tensor, v: torch.Tensor, p_dtype: torch.dtype) -> torch.Tensor:
+    """exp(S - L) v with L = m + log l computed from the same S: no division (B, Hkv, G, Nq, d)."""
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0)
+    L = m + torch.exp(s - m).sum(dim=-1, keepdim=True).log()  # (B, Hkv, G, Nq, 1); -inf: no key
+    p = torch.exp(s - torch.where(torch.isfinite(L), L, 0))  # exp(-inf) = 0 on hidden keys
+    return _rounded(p, p_dtype) @ v.to(s.dtype)[:, :, None]
+
+
+def _lse_merged_v(s: torch.Tensor, v: torch.Tensor, p_dtype: torch.dtype) -> torch.Tensor:
+    """Partitions of LSE_PARTITION keys, each (o_p = its softmax average, lse_p), merged as
+    sum_p e^(lse_p - lse) o_p with lse = logsumexp_p lse_p and no renormalization (B, Hkv, G, Nq, d)."""
+    (B, Hkv, G, Nq, Nk), d, S = s.shape, v.shape[-1], LSE_PARTITION
+    P = max(1, -(-Nk // S))
+    sp = F.pad(s, (0, P * S - Nk), value=float("-inf")).reshape(B, Hkv, G, Nq, P, S)  # (B, Hkv, G, Nq, P, S)
+    vp = F.pad(v.to(s.dtype), (0, 0, 0, P * S - Nk)).reshape(B, Hkv, 1, 1, P, S, d)  # (B, Hkv, 1, 1, P, S, d)
+    m = sp.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0)  # (B, Hkv, G, Nq, P, 1)
+    e = torch.exp(sp - m)  # (B, Hkv, G, Nq, P, S)
+    l = e.sum(dim=-1, keepdim=True)  # noqa: E741
+    o = (_rounded(e, p_dtype)[..., None, :] @ vp)[..., 0, :] / torch.where(l > 0, l, 1)  # (B, Hkv, G, Nq, P, d)
+    lse = (m + l.log())[..., 0]  # (B, Hkv, G, Nq, P); -inf for a partition that sees no key
+    total = torch.logsumexp(lse, dim=-1, keepdim=True)  # (B, Hkv, G, Nq, 1)
+    w = torch.exp(lse - torch.where(torch.isfinite(total), total, 0))  # 0 for partitions that see nothing
+    return (w[..., None] * o).sum(dim=-2)  # (B, Hkv, G, Nq, d)
+
+
+def _rounded(p: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """p rounded to ``dtype`` and carried on in its own dtype (FlashAttention casts P before P V)."""
+    return p if dtype is None or dtype == p.dtype else p.to(dtype).to(p.dtype)
+
+
+def _heads(out: torch.Tensor) -> torch.Tensor:
     B, Hkv, G, Nq, d = out.shape
     return out.reshape(B, Hkv * G, Nq, d)  # (B, H, Nq, d)
 

@@ -1,14 +1,36 @@
-"""Attention cases (contract: harness/contracts/attention.py): shapes at tile edges, GQA groupings, scales, layouts."""
+"""Attention cases (contract: harness/contracts/attention.py): shapes at tile edges, GQA groupings, scales, a
+memory layout per argument, ambiguous shapes, extreme logits in every dtype, sizes past the usual grids."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from hypothesis import event
 from hypothesis import strategies as st
 
-from harness.strategies.common import generator, head_counts, lengths, scales, seeds
+from harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
 from harness.tolerance import dtype_of
+
+ARGUMENTS = ("q", "k", "v", "o", "lse", "do")  # the tensors of a forward (q, k, v) and of a backward call
+LAYOUTS = ("contiguous", "transposed", "pooled")
+
+
+def laid_out(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values in another memory layout: "transposed" swaps dims 1 and 2 in memory (the heads of a
+    (B, N, H, d) projection; an lse stored (B, Nq, H)); "pooled" is a slice of a larger pool, with an offset
+    and every stride padded, whose other slots hold NaN (0 for integers): a persistent buffer, FlashAttention's
+    lse padded to whole row blocks.  A 1-d tensor is pooled as every other entry of its pool."""
+    if layout == "transposed" and t.dim() >= 3:
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "pooled":
+        fill = float("nan") if t.is_floating_point() else 0
+        if t.dim() == 1:
+            view = t.new_full((2 * t.shape[0] + 1,), fill)[1::2]  # (n,) of stride 2
+        else:
+            view = t.new_full([n + 2 for n in t.shape], fill)[tuple(slice(1, n + 1) for n in t.shape)]
+        return view.copy_(t)
+    return t.contiguous()
 
 
 @dataclass(frozen=True)
@@ -25,19 +47,74 @@ class AttentionCase:
     seed: int
     magnitude: float = 1.0  # multiplies q: large values give logits of 1e3-1e4
     device: str = "cpu"
-    layout: str = "BHNd"  # or "BNHd": (B, N, H, d) memory seen as (B, H, N, d), as a projection's heads are
+    layouts: tuple[str, ...] = ()  # memory layout of each of ARGUMENTS (LAYOUTS); missing ones are contiguous
+    offset: float = 0.0  # subtracted from every logit through one extra head dim (q: -offset/scale, k: 1, v: 0)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, Nq, d), k and v (B, Hkv, Nk, d), each in its own layout; d + 1 dims with an offset."""
         g = generator(self.seed)
         q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64) * self.magnitude
         k = torch.randn(self.B, self.Hkv, self.Nk, self.d, generator=g, dtype=torch.float64)
         v = torch.randn(self.B, self.Hkv, self.Nk, self.d, generator=g, dtype=torch.float64)
-        return tuple(self.laid_out(t) for t in (q, k, v))
+        if self.offset:  # q.k gains -offset / scale, so every logit moves by -offset; the output does not move
+            scale = self.scale if self.scale is not None else (self.d + 1) ** -0.5
+            q = torch.cat([q, torch.full((*q.shape[:-1], 1), -self.offset / scale, dtype=q.dtype)], dim=-1)
+            k, v = torch.cat([k, torch.ones_like(k[..., :1])], -1), torch.cat([v, torch.zeros_like(v[..., :1])], -1)
+        return tuple(self.laid_out(t, name) for t, name in zip((q, k, v), ARGUMENTS, strict=False))
 
-    def laid_out(self, t: torch.Tensor) -> torch.Tensor:
-        """t in the case's dtype, device and memory layout (the same values either way)."""
-        t = t.to(dtype_of(self.dtype)).to(self.device)
-        return t.transpose(1, 2).contiguous().transpose(1, 2) if self.layout == "BNHd" else t  # strides of (B, N, H, d)
+    def layout(self, name: str) -> str:
+        i = ARGUMENTS.index(name)
+        return self.layouts[i] if i < len(self.layouts) else "contiguous"
+
+    def laid_out(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        """t, the argument ``name``, in the case's device and that argument's layout; floating point tensors
+        other than lse in the case's dtype (the same values either way)."""
+        if name != "lse":
+            t = t.to(dtype_of(self.dtype))
+        return laid_out(t.to(self.device), self.layout(name))
+
+
+def layout_events(layouts: dict[str, str]) -> None:
+    """Count, under --hypothesis-show-statistics, the layouts that related arguments rarely share by accident."""
+    for name, layout in layouts.items():
+        if layout != "contiguous":
+            event(f"layout: {name} {layout}")
+    pairs = [(a, b) for a, b in (("q", "k"), ("k", "v"), ("o", "do"), ("k_cache", "v_cache")) if {a, b} <= set(layouts)]
+    for a, b in pairs:
+        if layouts[a] != layouts[b]:
+            event(f"layout: {a} and {b} differ")
+
+
+# Coincidences a kernel that sniffs its layout from the shape gets wrong (keys transposed when Nk == d; heads and
+# positions swapped when N == H; square self-attention when Nq == Nk; MHA when H == Hkv): one in AMBIGUITY
+# draws forces one of them, so every property that takes the tensors meets each in a few percent of its draws.
+AMBIGUITY = 6
+AMBIGUOUS = ("Nk == d", "Nq == Nk", "Nq == H", "Nk == Hkv", "H == Hkv")
+
+
+@st.composite
+def shapes(draw: st.DrawFn, max_len: int = 300, max_d: int = 128) -> tuple[int, int, int, int, int]:
+    """(H, Hkv, Nq, Nk, d): lengths at tile edges, decode, square, GQA groupings, and the ambiguous shapes."""
+    H, Hkv = draw(head_counts())
+    Nk = draw(lengths(max_len))
+    Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
+    d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, max_d)))
+    if draw(st.integers(0, AMBIGUITY - 1)) == 0:
+        forced = draw(st.sampled_from(AMBIGUOUS))
+        if forced == "Nk == d":
+            Nk = d = min(max(Nk, 2), max_len, max_d)
+        elif forced == "Nq == Nk":
+            Nq = Nk
+        elif forced == "Nq == H":
+            Nq = H = min(max(H, 2), max_len) // Hkv * Hkv or Hkv
+        elif forced == "Nk == Hkv":
+            Nk = min(Hkv, max_len)
+        else:
+            Hkv = H
+    for name, holds in zip(AMBIGUOUS, (Nk == d > 1, Nq == Nk, Nq == H > 1, Nk == Hkv > 1, H == Hkv), strict=True):
+        if holds:
+            event(f"shape: {name}")
+    return H, Hkv, Nq, Nk, d
 
 
 @st.composite
@@ -49,32 +126,70 @@ def attention_cases(
     causal: bool | None = None,
     magnitude: st.SearchStrategy[float] | None = None,
     max_d: int = 128,
+    offset: st.SearchStrategy[float] | None = None,
+    arguments: tuple[str, ...] = ARGUMENTS[:3],
 ) -> AttentionCase:
-    H, Hkv = draw(head_counts())
-    Nk = draw(lengths(max_len))
-    Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
-    d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, max_d)))
+    """``magnitude`` / ``offset``: logits of 1e3-1e4 / every logit far below 0 (a nonzero scale then, one that
+    keeps -offset/scale finite in float16).  ``arguments``: the tensors that get a layout drawn."""
+    H, Hkv, Nq, Nk, d = draw(shapes(max_len, max_d))
+    dtype = draw(st.sampled_from(dtypes))
+    scale = draw(scales if offset is None else half_safe_scales if dtype == "float16" else nonzero_scales)
+    layouts = {name: draw(st.sampled_from(LAYOUTS), label=f"layout of {name}") for name in arguments}
+    layout_events(layouts)
     return AttentionCase(
         B=draw(st.integers(1, 2)), H=H, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d,
-        causal=draw(st.booleans()) if causal is None else causal,
-        scale=draw(scales), dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds),
-        magnitude=draw(magnitude) if magnitude is not None else 1.0,
-        device=draw(st.sampled_from(devices)), layout=draw(st.sampled_from(["BHNd", "BNHd"])),
+        causal=draw(st.booleans()) if causal is None else causal, scale=scale, dtype=dtype, seed=draw(seeds),
+        magnitude=extreme(draw, magnitude, dtype, "large"), device=draw(st.sampled_from(devices)),
+        layouts=tuple(layouts.get(name, "contiguous") for name in ARGUMENTS),
+        offset=extreme(draw, offset, dtype, "far"),
     )
+
+
+# float16 holds values below 65504: a q of N(0, 1) x 5e3 stays clear of it (and of q.k's overflow in float32 too);
+# -offset/scale of an offset <= 3000 needs |scale| >= 0.05 (1/sqrt(d + 1) is, for d <= 256).
+HALF_MAGNITUDE = 5e3
+half_safe_scales = st.one_of(st.none(), st.floats(0.05, 2.0), st.floats(-2.0, -0.05))
+
+
+def extreme(draw: st.DrawFn, values: st.SearchStrategy[float] | None, dtype: str, kind: str) -> float:
+    """A drawn logit magnitude (kind "large", default 1) or offset ("far", default 0), counted as an event."""
+    if values is None:
+        return 1.0 if kind == "large" else 0.0
+    x = draw(values)
+    if kind == "large" and dtype == "float16":
+        x = min(x, HALF_MAGNITUDE)
+    event(f"logits: {'~1e3-1e4' if kind == 'large' else 'far below 0'} in {dtype}")
+    return x
+
+
+# Past the block and grid sizes kernels are written around (512-key partitions, 1024 threads, 4096-key grids):
+# one in PAST_GRID long draws has this many keys (or queries), with small other dims to keep it cheap.
+PAST_GRID = 8
+GRID_EDGES = (4095, 4096, 4097, 5000)
 
 
 @st.composite
 def long_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
-               max_len: int = 1100, max_d: int = 256, long_queries: bool = False) -> AttentionCase:
+               max_len: int = 1100, max_d: int = 256, long_queries: bool = False,
+               arguments: tuple[str, ...] = ARGUMENTS[:3]) -> AttentionCase:
     """Up to 8 queries against many keys (decode, a speculative verify): past the 512-key partitions of
     split-K decoding and the 128-key tiles of FlashAttention, with head dims up to 256 (past the 128 that
-    kernels specialise for).  ``long_queries``: half the time many queries against few keys instead (dK and
-    dV summed over query tiles)."""
-    case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=8))
-    n = draw(st.one_of(st.sampled_from([n for n in (129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)
-                                        if n <= max_len]), st.integers(129, max_len)))
-    d = draw(st.one_of(st.sampled_from([d for d in (1, 128, 129, 192, 256) if d <= max_d]), st.integers(1, max_d)))
-    return AttentionCase(**{**case.__dict__, "Nq" if long_queries and draw(st.booleans()) else "Nk": n, "d": d})
+    kernels specialise for); one draw in PAST_GRID goes past 4096 keys, with d <= 16 and at most 4 queries.
+    ``long_queries``: half the time many queries against few keys instead (dK and dV summed over query tiles)."""
+    case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=8, arguments=arguments))
+    past_grid = draw(st.integers(0, PAST_GRID - 1)) == 0
+    if past_grid:
+        n = draw(st.one_of(st.sampled_from(GRID_EDGES), st.integers(4097, 5000)))
+        d = draw(st.integers(1, 16))
+        event("size: past 4096 keys (or queries)")
+    else:
+        n = draw(st.one_of(st.sampled_from([n for n in (129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)
+                                            if n <= max_len]), st.integers(129, max_len)))
+        d = draw(st.one_of(st.sampled_from([d for d in (1, 128, 129, 192, 256) if d <= max_d]),
+                           st.integers(1, max_d)))
+    small = {"B": 1, "Nq": min(case.Nq, 4), "Nk": min(case.Nk, 4)} if past_grid else {}
+    along = "Nq" if long_queries and draw(st.booleans()) else "Nk"
+    return AttentionCase(**{**case.__dict__, **small, along: n, "d": d})
 
 
 # (m, l, acc) partials of the online-softmax merge: scores of a few disjoint key blocks.

@@ -5,21 +5,22 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.strategies.attention import AttentionCase, attention_cases
+from harness.strategies.attention import ARGUMENTS, AttentionCase, attention_cases
 from harness.strategies.common import generator
 
 
 def output_grad(case: AttentionCase) -> torch.Tensor:
-    """dO for a backward case, in q's shape/dtype/device: a fixed function of the case's seed, so a
+    """dO for a backward case, in q's shape/dtype/device and its own layout: a fixed function of the case's seed, so a
     printed counterexample regenerates it."""
     g = generator(case.seed ^ 0x5EED)
-    return case.laid_out(torch.randn(case.B, case.H, case.Nq, case.d, generator=g, dtype=torch.float64))
+    d = case.d + bool(case.offset)  # the offset's extra head dim
+    return case.laid_out(torch.randn(case.B, case.H, case.Nq, d, generator=g, dtype=torch.float64), "do")
 
 
 @st.composite
 def fully_masked_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                        max_len: int = 120) -> AttentionCase:
     """Causal cases with Nq > Nk: the first Nq - Nk query rows see no key at all."""
-    case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=max_len - 1, causal=True))
+    case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=max_len - 1, causal=True, arguments=ARGUMENTS))
     extra = draw(st.integers(1, max_len - case.Nk))
     return AttentionCase(**{**case.__dict__, "Nq": case.Nk + extra})

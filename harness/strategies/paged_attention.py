@@ -1,12 +1,24 @@
-"""Paged-attention cases (contract: harness/contracts/paged_attention.py): block tables, pools and strided views."""
+"""Paged-attention cases (contract: harness/contracts/paged_attention.py): block tables, pools, a layout per
+argument, ambiguous shapes, extreme logits in every dtype, tables past 4096 blocks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from hypothesis import event
 from hypothesis import strategies as st
 
+from harness.strategies.attention import (
+    AMBIGUITY,
+    GRID_EDGES,
+    LAYOUTS,
+    PAST_GRID,
+    extreme,
+    half_safe_scales,
+    laid_out,
+    layout_events,
+)
 from harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
 from harness.tolerance import dtype_of
 
@@ -30,7 +42,7 @@ class PagedAttentionCase:
     magnitude: float = 1.0  # multiplies q: large values give logits of 1e3-1e4
     table_slack: int = 1  # table columns past the longest sequence's blocks; 0: it fills its table
     shared_blocks: int = 0  # leading blocks every sequence shares (a common prompt prefix stored once)
-    strided: bool = False  # q, caches and tables are views into larger tensors, as a serving engine passes them
+    layouts: tuple[str, ...] = ()  # memory layout of each of PAGED_ARGUMENTS (PAGED_LAYOUTS); missing: contiguous
     offset: float = 0.0  # subtracted from every logit through one extra head dim (q: -offset/scale, k: 1, v: 0)
 
     def shared(self) -> int:
@@ -84,43 +96,91 @@ class PagedAttentionCase:
                 cache[ids[written].to(q.device)] = blocks[written]
         index = getattr(torch, self.index_dtype)
         tables, seq_lens = tables.to(self.device, index), torch.tensor(self.seq_lens, dtype=index, device=self.device)
-        return (*self.views(q, k_cache, v_cache, tables), seq_lens) if self.strided else \
-            (q, k_cache, v_cache, tables, seq_lens)
+        return self.views(q, k_cache, v_cache, tables, seq_lens)
 
-    def views(self, q, k_cache, v_cache, tables) -> tuple[torch.Tensor, ...]:
-        """The same values as views a serving engine passes: q sliced from a (B, Nq, H, d) projection, the
-        caches the two halves of one (num_blocks, 2, Hkv, bs, d) pool, the tables the first columns of wider
-        persistent ones."""
-        q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, Nq, d) view of (B, Nq, H, d) memory
-        pool = torch.stack([k_cache, v_cache], dim=1)  # (num_blocks, 2, Hkv, bs, d)
-        wide = torch.cat([tables, tables.flip(-1)], dim=-1)  # (B, 2 * max_blocks): valid ids past the view
-        return q, pool[:, 0], pool[:, 1], wide[:, :tables.shape[1]]
+    def layout(self, name: str) -> str:
+        i = PAGED_ARGUMENTS.index(name)
+        return self.layouts[i] if i < len(self.layouts) else "contiguous"
+
+    def views(self, q, k_cache, v_cache, tables, seq_lens) -> tuple[torch.Tensor, ...]:
+        """The same values in the layouts a serving engine passes, each argument its own: q sliced from a
+        (B, Nq, H, d) projection; a cache stored (num_blocks, bs, Hkv, d) (vLLM's flash layout), sliced from
+        a larger pool, or one half of a (num_blocks, 2, Hkv, bs, d) pool (shared by both caches when both are
+        "paired"); tables the first columns of wider persistent ones, or stored (max_blocks, B); seq_lens every
+        other entry of a persistent buffer."""
+        q = laid_out(q, self.layout("q"))
+        caches = {"k_cache": k_cache, "v_cache": v_cache}
+        if self.layout("k_cache") == self.layout("v_cache") == "paired":
+            pool = torch.stack([k_cache, v_cache], dim=1)  # (num_blocks, 2, Hkv, bs, d)
+            caches = {"k_cache": pool[:, 0], "v_cache": pool[:, 1]}
+        for name, cache in caches.items():
+            if self.layout(name) == "paired" and self.layout("k_cache") != self.layout("v_cache"):
+                half = torch.full_like(cache, float("nan"))
+                caches[name] = torch.stack([cache, half] if name == "k_cache" else [half, cache], dim=1)[
+                    :, 0 if name == "k_cache" else 1]  # (num_blocks, Hkv, bs, d) of a NaN-padded pool
+            elif self.layout(name) != "paired":
+                caches[name] = laid_out(cache, self.layout(name))
+        if self.layout("block_tables") == "wide":
+            tables = torch.cat([tables, tables.flip(-1)], dim=-1)[:, :tables.shape[1]]  # valid ids past the view
+        elif self.layout("block_tables") == "transposed":
+            tables = tables.t().contiguous().t()  # (B, max_blocks) of (max_blocks, B) memory
+        return q, caches["k_cache"], caches["v_cache"], tables, laid_out(seq_lens, self.layout("seq_lens"))
+
+
+PAGED_ARGUMENTS = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
+PAGED_LAYOUTS = {"q": LAYOUTS, "k_cache": (*LAYOUTS, "paired"), "v_cache": (*LAYOUTS, "paired"),
+                 "block_tables": ("contiguous", "wide", "transposed"), "seq_lens": ("contiguous", "pooled")}
+# Shapes a kernel sniffing its cache layout gets wrong: (.., d, bs) keys when bs == d, (nb, bs, Hkv, d) when
+# bs == Hkv, (B, N, H, d) queries when Nq == H.  One draw in AMBIGUITY forces one.
+PAGED_AMBIGUOUS = ("d == block_size", "block_size == Hkv", "Nq == H")
 
 
 @st.composite
 def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                           max_len: int = 200, decode: bool | None = None,
                           magnitude: st.SearchStrategy[float] | None = None, wide: bool = True,
-                          offset: st.SearchStrategy[float] | None = None) -> PagedAttentionCase:
+                          offset: st.SearchStrategy[float] | None = None,
+                          past_grid: bool = False) -> PagedAttentionCase:
     """``wide``: real head groupings (head_counts), head dims 96-256 and blocks of 128 and 256 tokens as
     well (off for properties whose reference grows with H * Nq * Nk * d).  ``offset``: logits far below 0,
-    with a nonzero scale (the offset is put in through it)."""
+    with a nonzero scale (the offset is put in through it).  ``past_grid``: one draw in PAST_GRID is one
+    decode of more than 4096 one-token blocks (a table past 4096 entries), with d <= 8."""
     H, Hkv = draw(head_counts(real_groups=wide))
     B = draw(st.integers(1, 3))
     seq_lens = tuple(draw(st.lists(lengths(max_len), min_size=B, max_size=B)))
     shortest = min(seq_lens)
     nq = st.just(1) if decode else st.one_of(st.just(1), st.integers(1, shortest), st.just(shortest))
     head_dims, block_sizes = [1, 8, 16, 64] + [96, 128, 256] * wide, [1, 2, 3, 8, 16, 32] + [128, 256] * wide
+    Nq = draw(nq if decode is not False else st.integers(1, shortest))
+    d = draw(st.one_of(st.sampled_from(head_dims), st.integers(1, 80)))
+    block_size = draw(st.one_of(st.sampled_from(block_sizes), st.integers(1, 64)))
+    if past_grid and draw(st.integers(0, PAST_GRID - 1)) == PAST_GRID - 1:  # not 0: Hypothesis favours it (1 in 6 then)
+        B, H, Hkv, Nq, block_size, d = 1, min(H, 2), 1, 1, 1, min(d, 8)
+        seq_lens = (draw(st.one_of(st.sampled_from(GRID_EDGES[2:]), st.integers(4097, 5000))),)
+        event("size: a table past 4096 blocks")
+    elif draw(st.integers(0, AMBIGUITY - 1)) == 0:
+        forced = draw(st.sampled_from(PAGED_AMBIGUOUS))
+        if forced == "d == block_size":
+            d = block_size
+        elif forced == "block_size == Hkv":
+            block_size = Hkv
+        elif decode is not True:  # Nq == H: a (B, H, Nq, d) query that also reads as (B, Nq, H, d)
+            Nq = H = min(H, shortest)
+            Hkv = Hkv if H % Hkv == 0 else 1
+    for name, holds in zip(PAGED_AMBIGUOUS, (d == block_size > 1, block_size == Hkv > 1, Nq == H > 1), strict=True):
+        if holds:
+            event(f"shape: {name}")
+    dtype = draw(st.sampled_from(dtypes))
+    layouts = {name: draw(st.sampled_from(PAGED_LAYOUTS[name]), label=f"layout of {name}") for name in PAGED_ARGUMENTS}
+    layout_events(layouts)
     return PagedAttentionCase(
-        B=B, H=H, Hkv=Hkv, Nq=draw(nq if decode is not False else st.integers(1, shortest)), seq_lens=seq_lens,
-        d=draw(st.one_of(st.sampled_from(head_dims), st.integers(1, 80))),
-        block_size=draw(st.one_of(st.sampled_from(block_sizes), st.integers(1, 64))),
+        B=B, H=H, Hkv=Hkv, Nq=Nq, seq_lens=seq_lens, d=d, block_size=block_size,
         spare_blocks=draw(st.integers(0, 3)), causal=draw(st.booleans()),
-        scale=draw(scales if offset is None else nonzero_scales), dtype=draw(st.sampled_from(dtypes)),
-        seed=draw(seeds), device=draw(st.sampled_from(devices)), index_dtype=draw(st.sampled_from(["int64", "int32"])),
-        magnitude=draw(magnitude) if magnitude is not None else 1.0,
+        scale=draw(scales if offset is None else half_safe_scales if dtype == "float16" else nonzero_scales),
+        dtype=dtype, seed=draw(seeds), device=draw(st.sampled_from(devices)),
+        index_dtype=draw(st.sampled_from(["int64", "int32"])), magnitude=extreme(draw, magnitude, dtype, "large"),
         table_slack=draw(st.integers(0, 2)), shared_blocks=draw(st.one_of(st.just(0), st.integers(1, 3))),
-        strided=draw(st.booleans()), offset=draw(offset) if offset is not None else 0.0,
+        layouts=tuple(layouts[name] for name in PAGED_ARGUMENTS), offset=extreme(draw, offset, dtype, "far"),
     )
 
 

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from harness.contracts.attention import check_inputs
+from harness.contracts.attention import check_inputs, check_scores_budget
 from harness.registry import register
 
 
@@ -39,6 +39,8 @@ def flex_call(q, k, v, *, causal, scale, attention):
     """attention = flex_attention, eager or compiled, called with the contract's masking and GQA."""
     scale = check_inputs(q, k, v, scale, causal)
     (B, H, Nq, d), (Hkv, Nk) = q.shape, k.shape[1:3]
+    if attention is eager_flex_attention():  # the unfused path materializes the scores
+        check_scores_budget("attention flex", q, Nk, copies=2)
     if Nq == 0 or Nk == 0:  # nothing to attend over: every row is empty
         return q.new_zeros(B, H, Nq, d)
     mask = causal_block_mask(Nq, Nk, q.device) if causal else None

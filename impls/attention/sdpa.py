@@ -9,7 +9,9 @@ or k when there are few keys (one key in float64, four in float32 at d = 8), whe
 should reach the output; found by test_nan_inputs_propagate.
 
 Worked around: with is_causal=True and scale=0 (uniform weights), torch 2.13's CPU SDPA returns NaN in the
-first row, so causal calls at scale 0 pass the explicit mask, which computes it correctly.
+first row, and with a negative scale NaN in every row that has a masked key (the -inf of the mask comes out
++inf: found with logits far below zero, reproduced by q = [[1], [2]], k = [[1], [1.5]], scale=-1), so causal
+calls at scales <= 0 pass the explicit mask, which computes them correctly.
 """
 
 import functools
@@ -17,7 +19,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.attention import causal_allowed, check_inputs
+from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget
 from harness.registry import register
 
 
@@ -25,8 +27,9 @@ from harness.registry import register
           caps={"nan_caveat": "torch's CPU SDPA returns finite rows for a NaN in q or k when Nk is small"})
 def sdpa_attention(q, k, v, *, causal=False, scale=None):
     scale = check_inputs(q, k, v, scale, causal)
+    check_scores_budget("attention sdpa", q, k.shape[2])  # its math path materializes the scores
     (Nq, H), (Nk, Hkv) = (q.shape[2], q.shape[1]), (k.shape[2], k.shape[1])
-    if not causal or (Nq == Nk and scale != 0):  # is_causal at scale 0 gives a NaN row on the CPU
+    if not causal or (Nq == Nk and scale > 0):  # is_causal at scale <= 0 gives NaN rows on the CPU
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=H != Hkv)
     allowed = bottom_right(Nq, Nk, q.device)  # (Nq, Nk)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=H != Hkv)

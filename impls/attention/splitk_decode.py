@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.attention import check_inputs
+from harness.contracts.attention import check_inputs, check_scores_budget
 from harness.online_softmax import Partial, accumulator_dtype, finalize, merge, partial
 from harness.registry import register
 
@@ -23,6 +23,7 @@ from harness.registry import register
 def partition_partials(q, k, v, *, causal, scale, split):
     """One partial per key partition, the partition axis at dim 3: m, l (B, Hkv, G, P, Nq), acc (..., d)."""
     scale = check_inputs(q, k, v, scale, causal)
+    check_scores_budget("attention split-K", q, k.shape[2], copies=2)  # every partition's scores at once
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t, P = accumulator_dtype(q.dtype), max(1, math.ceil(Nk / split))
     kv_shape = (B, Hkv, 1, P, split, d)  # keys padded to P * split, then cut into partitions

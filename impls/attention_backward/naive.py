@@ -7,7 +7,7 @@ dS = P o (dP - D) with D_i = dO_i . O_i.  Dao et al. 2022, "FlashAttention", Alg
 
 import torch
 
-from harness.contracts.attention import causal_allowed
+from harness.contracts.attention import causal_allowed, check_scores_budget
 from harness.contracts.attention_backward import check_backward_inputs
 from harness.online_softmax import accumulator_dtype
 from harness.registry import register
@@ -16,6 +16,7 @@ from harness.registry import register
 @register("attention_backward", "naive", devices=("cpu", "cuda"), cite="Dao et al. 2022, Algorithm 3")
 def naive_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
     scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
+    check_scores_budget("attention_backward naive", q, k.shape[2], copies=4)  # S, P, dP, dS
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     acc_t = accumulator_dtype(q.dtype)
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d).to(acc_t) for t in (q, o, do))  # (B, Hkv, G, Nq, d)

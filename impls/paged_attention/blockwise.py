@@ -47,11 +47,11 @@ def blockwise_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, ca
 
 
 register("paged_attention", "blockwise", devices=("cpu", "cuda"), cite="Kwon et al. 2023, Sec. 4.1 (V1 loop)",
-         caps={"partition_tokens": None})(
+         caps={"partition_tokens": None, "tiled": True})(
     lambda q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None: blockwise_paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale))
 register("paged_attention", "partitioned_512", devices=("cpu", "cuda"),
          cite="vLLM PagedAttention V2 (512-token partitions); Kwon et al. 2023, Sec. 4.1",
-         caps={"partition_tokens": 512})(
+         caps={"partition_tokens": 512, "tiled": True})(
     lambda q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None: blockwise_paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, causal=causal, scale=scale, partition_tokens=512))

@@ -144,6 +144,6 @@ def compiled_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, cau
 
 if COMPILER is not None:  # capabilities are declared: without a compiler the implementation is not offered
     register("paged_attention", "compiled_c", devices=("cpu",), dtypes=("float32", "float64"), exact=True,
-             caps={"compiled": True},  # a C kernel built at first call: see properties/test_paged_attention_compiled.py
+             caps={"compiled": True, "tiled": True},  # built at first call: properties/test_paged_attention_compiled.py
              cite="vLLM csrc/attention (paged_attention_kernel V1); Kwon et al. 2023, Sec. 4.1")(
         compiled_paged_attention)
