@@ -11,7 +11,7 @@ section "batch-invariant attention" (fixed split size, no batch-dependent split-
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, no_work_output
+from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, no_work_output
 from harness.fixed_order import attention
 from harness.online_softmax import accumulator_dtype
 from harness.registry import register
@@ -25,6 +25,7 @@ def batch_invariant_attention(q, k, v, *, causal=False, scale=None):
     (Nq, Nk), acc_t = (q.shape[2], k.shape[2]), accumulator_dtype(q.dtype)
     if (empty := no_work_output(q, Nk)) is not None:
         return empty
+    check_scores_budget("attention batch_invariant", q, Nk, copies=3, dtype=acc_t)  # S, P and the term products
     everything = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device)
     visible = causal_allowed(Nq, Nk, device=q.device) if causal else everything  # (Nq, Nk)
     out = attention(q.to(acc_t), k.to(acc_t), v.to(acc_t), visible[None, None, None], scale)  # (B, H, Nq, d)

@@ -14,7 +14,9 @@ transformers, integrations/sdpa_attention.py, models/llama/modeling_llama.py, ma
 
 from types import SimpleNamespace
 
-from harness.contracts.attention import check_inputs
+import torch
+
+from harness.contracts.attention import check_inputs, check_scores_budget
 from harness.registry import known_failure, register
 from impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
@@ -33,6 +35,7 @@ def module_for(q, k, causal: bool) -> SimpleNamespace:
                               "is small (as impls/attention/sdpa.py declares)"})
 def transformers_sdpa(q, k, v, *, causal=False, scale=None):
     scale = check_inputs(q, k, v, scale, causal)
+    check_scores_budget("transformers_sdpa", q, k.shape[2])  # as our sdpa: with a mask, SDPA's math path
     sdpa = TRANSFORMERS.load("transformers.integrations.sdpa_attention")
     masks = TRANSFORMERS.load("transformers.masking_utils")
     (B, _, Nq, _), Nk = q.shape, k.shape[2]
@@ -48,6 +51,7 @@ def transformers_sdpa(q, k, v, *, causal=False, scale=None):
           caps={"masked_rows": "unspecified", "call_limit_s": FIRST_CALL_IMPORTS_S})
 def transformers_eager(q, k, v, *, causal=False, scale=None):
     scale = check_inputs(q, k, v, scale, causal)
+    check_scores_budget("transformers_eager", q, k.shape[2], copies=2, dtype=torch.float32)  # scores, softmax
     llama = TRANSFORMERS.load("transformers.models.llama.modeling_llama")
     masks = TRANSFORMERS.load("transformers.masking_utils")
     (B, _, Nq, _), Nk = q.shape, k.shape[2]
@@ -74,3 +78,32 @@ try:
 except RuntimeError as exc:
     assert "ambiguous" in str(exc)
 """)
+
+
+known_failure("attention", "transformers_eager", "large_logits_stay_finite_and_correct", library="transformers",
+              version="5.24.0",
+              what="eager_attention_forward computes q k^T in the inputs' dtype: in bfloat16 at logits ~1e3 a score is "
+                   "rounded by up to 4 (8 significant bits), so softmax weights are off by up to e^4, where the "
+                   "contract carries scores in float32 (as FlashAttention does)",
+              reproduce="""\
+import types, torch
+from transformers.models.llama.modeling_llama import eager_attention_forward
+module = types.SimpleNamespace(num_key_value_groups=1, is_causal=False, training=False)
+q = torch.tensor([[[[1000.0, 1.0]]]], dtype=torch.bfloat16)  # (B, H, Nq, d)
+k = torch.tensor([[[[1.0, 0.0], [1.0, 2.0]]]], dtype=torch.bfloat16)  # scores 1000 and 1002
+v = torch.tensor([[[[0.0, 0.0], [1.0, 1.0]]]], dtype=torch.bfloat16)
+out, _ = eager_attention_forward(module, q, k, v, None, scaling=1.0)
+assert abs(out[0, 0, 0, 0].item() - torch.sigmoid(torch.tensor(2.0)).item()) > 0.3  # 0.5, not 0.881
+""")
+
+TORCH_CAUSAL_SCALE_ZERO = """\
+import torch, torch.nn.functional as F
+q = torch.tensor([[[[1.0], [2.0]]]], dtype=torch.float64)  # (B, H, N, d)
+out = F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.0)  # uniform weights: row 0 is v[0] = 1
+assert out[0, 0, 0, 0].isnan()  # (impls/attention/sdpa.py passes the explicit mask at scale <= 0 instead)
+"""
+for _prop in ("matches_reference", "large_logits_stay_finite_and_correct", "rows_are_convex_combinations_of_values"):
+    known_failure("attention", "transformers_sdpa", _prop, library="torch", version="2.13.0",
+                  what="sdpa_attention_forward passes is_causal=True when Nq = Nk, and torch's CPU SDPA with is_causal "
+                       "at a scale <= 0 returns NaN in every row with a masked key (the mask's -inf times the scale)",
+                  reproduce=TORCH_CAUSAL_SCALE_ZERO)

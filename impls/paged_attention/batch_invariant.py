@@ -11,6 +11,7 @@ Nondeterminism in LLM Inference" (fixed reduction order).
 
 import torch
 
+from harness.contracts.attention import check_scores_budget
 from harness.contracts.paged_attention import check_inputs, key_mask
 from harness.fixed_order import attention
 from harness.online_softmax import accumulator_dtype
@@ -27,6 +28,7 @@ def batch_invariant_paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
         return torch.zeros_like(q)
     acc_t = accumulator_dtype(q.dtype)
     used = -(-int(seq_lens.max()) // k_cache.shape[2])  # table entries past every sequence's end: never gathered
+    check_scores_budget("paged_attention batch_invariant", q, used * k_cache.shape[2], copies=3, dtype=acc_t)
     k, v = (gather_kv(c, block_tables[:, :used]).to(acc_t) for c in (k_cache, v_cache))  # (B, Hkv, Nk, d)
     visible = key_mask(seq_lens, q.shape[2], k.shape[2], causal)  # (B, 1, 1, Nq|1, Nk): a prefix of each row
     return attention(q.to(acc_t), k, v, visible, scale).to(q.dtype)  # (B, H, Nq, d)
