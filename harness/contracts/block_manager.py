@@ -39,11 +39,17 @@ and ``storage.swap_in(cpu, gpu)`` move a block between the pools.  The manager m
 the tokens it did not take from the cache, and never into a block whose count exceeds one.
 
 Running out of blocks (GPU pool on allocate/append/swap_in, CPU pool on swap_out) raises
-`OutOfBlocks` and leaves the manager exactly as it was; a call raises it only when it needs more blocks
-than are free (cache hits on blocks in use need none, hits on idle cached blocks take theirs).  Bad
-arguments raise ValueError/KeyError naming the argument; append, fork and swap_out of a swapped-out
-sequence, and swap_in of a resident one, raise ValueError naming seq_id (for fork parent_id, or seq_id)
-and change nothing.
+`OutOfBlocks`; a call raises it only when it needs more blocks than are free (cache hits on blocks in use need
+none, hits on idle cached blocks take theirs).  Bad arguments raise ValueError, TypeError or KeyError naming the
+argument; append, fork and swap_out of a swapped-out sequence, and swap_in of a resident one, raise ValueError
+naming seq_id (for fork parent_id, or seq_id).  A call that raises leaves the manager exactly as it was, hidden
+state included, and makes no storage call: every query answers as before, and the calls that follow behave as
+they would have without it.  A manager is deterministic: the same calls on a fresh manager make the same
+storage calls and return the same values (a failing program replays; the serving simulator's runs repeat).
+
+Pools hold at most MAX_BLOCKS blocks each (num_blocks, num_cpu_blocks); a larger one is rejected with a
+ValueError naming the argument and the limit, unless the manager handles it lazily, in time and memory
+independent of the pool size.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from typing import Any, Protocol
 
 from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
-from harness.guard import ContractViolation, call_limit, guarded_call
+from harness.guard import ContractViolation, call_limit, changed_state, global_state, guarded_call
 from harness.registry import Impl
 
 
@@ -73,6 +79,8 @@ BLOCK_MANAGER = define(
         caps=BlockManagerCaps,
     )
 )
+
+MAX_BLOCKS = 2**20  # a 141 GB H200 holds ~70,000 blocks of 16 Llama-3-8B tokens (2 MiB each): 15x headroom
 
 METHODS = ("allocate", "append", "fork", "free", "lookup_prefix", "swap_out", "swap_in", "block_table",
            "is_swapped", "num_tokens", "ref_count", "num_free_blocks", "num_free_cpu_blocks")
@@ -119,11 +127,13 @@ class CountingStorage(NullStorage):
 
 
 def check_geometry(num_blocks: Any, block_size: Any, num_cpu_blocks: Any) -> None:
-    """Validate the factory's arguments; raises ValueError naming the argument."""
-    for name, value, low in (("num_blocks", num_blocks, 0), ("block_size", block_size, 1),
-                             ("num_cpu_blocks", num_cpu_blocks, 0)):
+    """Validate the factory's arguments; raises ValueError naming the argument (and the limit of a pool)."""
+    for name, value, low, high in (("num_blocks", num_blocks, 0, MAX_BLOCKS), ("block_size", block_size, 1, None),
+                                   ("num_cpu_blocks", num_cpu_blocks, 0, MAX_BLOCKS)):
         if not is_int(value) or value < low:
             raise ValueError(f"block manager: {name} must be an int >= {low}, got {value!r}")
+        if high is not None and value > high:
+            raise ValueError(f"block manager: {name} must be at most MAX_BLOCKS = 2**20 = {high}, got {value!r}")
 
 
 def check_tokens(tokens: Any) -> list[int]:
@@ -149,10 +159,11 @@ def is_int(value: Any) -> bool:
 
 
 def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, num_cpu_blocks: int = 0,
-                 timed: bool = True):
+                 timed: bool = True, state_per_call: bool = True):
     """Build a manager from an implementation and check it offers every method of the contract.  ``timed``:
-    each call under the per-call limit (a thread per call; the serving simulator, which times the
-    scheduler, passes False)."""
+    each call guarded (per-call limit, inputs and global state left alone; the serving simulator, which times
+    the scheduler, passes False); ``state_per_call=False``: global state is compared at each
+    `TimedManager.check_state` instead of around every call."""
     try:
         manager = impl.fn(num_blocks, block_size, storage, num_cpu_blocks=num_cpu_blocks)
     except Exception as exc:
@@ -160,16 +171,36 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
     missing = [m for m in METHODS if not callable(getattr(manager, m, None))]
     if missing:
         raise ContractViolation(f"{impl.name}: the manager lacks the contract's method(s) {missing}")
-    return TimedManager(impl, manager) if timed else manager
+    return TimedManager(impl, manager, state_per_call) if timed else manager
 
 
 class TimedManager:
-    """The manager, each contract method called under the implementation's per-call time limit: a hang
-    is a verdict at once ("hung: ..."), not the whole process's limit.  What a method raises (OutOfBlocks,
-    ValueError, KeyError) reaches the caller unchanged."""
+    """The manager, each contract method called through `guarded_call`: a hang is a verdict at once
+    ("hung: ..."), not the whole process's limit.  What a method raises (OutOfBlocks, ValueError, KeyError)
+    reaches the caller unchanged.  Global state (RNGs, torch settings) is compared around every call, or,
+    with ``state_per_call=False``, at each `check_state` of a caller making many cheap calls: a state machine
+    checks once a step, since a snapshot (~0.15 ms) costs ~10x a query and a run makes ~10^4 calls."""
 
-    def __init__(self, impl: Impl, manager: Any):
-        self._impl, self._manager = impl, manager
+    def __init__(self, impl: Impl, manager: Any, state_per_call: bool = True):
+        self._impl, self._manager, self._per_call = impl, manager, state_per_call
+        self._state = None if state_per_call else global_state()
+
+    @property
+    def unguarded(self) -> Any:
+        """The manager itself, for calls made from inside a guarded call (a storage callback asking a block's count
+        during a write): a guard nested in a guard finds the alarm taken and runs each call in a thread."""
+        return self._manager
+
+    def check_state(self, where: str) -> None:
+        """Raise ContractViolation if the calls since the last check (or since the manager was built) changed
+        global state; ``where`` names them."""
+        if self._per_call:
+            return
+        now = global_state()
+        changed, self._state = changed_state(self._state, now), now
+        if changed:
+            raise ContractViolation(f"{self._impl.name}: changed global state during {where}: {changed} (a call "
+                                    "must leave the process as it found it)")
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._manager, name)
@@ -179,7 +210,7 @@ class TimedManager:
         def timed(*args: Any, **kwargs: Any) -> Any:
             try:
                 return guarded_call(method, *args, timeout_s=call_limit(self._impl), hang_owner=self._impl.fn,
-                                    **kwargs)
+                                    check_globals=self._per_call, **kwargs)
             except ContractViolation as exc:
                 if isinstance(exc.__cause__, Exception):  # the method raised: that exception is the answer
                     raise exc.__cause__ from None
