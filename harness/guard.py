@@ -39,8 +39,7 @@ def names_argument(message: str, *args: str) -> bool:
 
 def guarded_call(
     fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
-    hang_owner: Any = None, watch: dict[str, Any] | None = None, owns_torch_rng: bool = False,
-    check_globals: bool = True, **kwargs: Any,
+    hang_owner: Any = None, watch: dict[str, Any] | None = None, owns_torch_rng: bool = False, **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)``; check it returned in time and left its inputs and the global state alone.
 
@@ -51,8 +50,6 @@ def guarded_call(
     objects the call must leave alone without receiving them (a model a stateful decoder holds).  Global
     state (default dtype and device, grad mode, thread count, RNG states) must be as it was after the call;
     ``owns_torch_rng``: the contract hands torch's global RNG to the call (a sampler declaring rng="own").
-    ``check_globals=False``: the caller compares `global_state` itself around a batch of calls (a snapshot costs
-    ~0.15 ms, most of a cheap call's cost; a block-manager state machine makes ~10^5 calls and checks once a step).
     """
     key = id(hang_owner if hang_owner is not None else getattr(fn, "__func__", fn))
     if key in _hung:
@@ -63,7 +60,7 @@ def guarded_call(
     before = [(path, t.clone()) for path, t in _tensors(found)]
     lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
     configs = list(_configs(found))
-    state = global_state(owns_torch_rng) if check_globals else None
+    state = global_state(owns_torch_rng)
     isolation.set_deadline(timeout_s)
     try:
         box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
@@ -72,7 +69,7 @@ def guarded_call(
     if box is None:
         _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
         raise ContractViolation(_hung[key])
-    changed = changed_state(state, global_state(owns_torch_rng)) if check_globals else ""
+    changed = changed_state(state, global_state(owns_torch_rng))
     if "exc" in box:
         exc = box["exc"]
         raise ContractViolation(_raised(exc)) from exc
@@ -242,8 +239,7 @@ def _inputs(obj: Any, path: str = "input") -> Iterator[tuple[str, Any]]:
             yield from _inputs(value, f"{key!s}")
     elif isinstance(obj, list | tuple):
         for i, value in enumerate(obj):
-            if not _plain(value):  # a number holds no tensor, module or list: its list's own check compares it
-                yield from _inputs(value, f"{path}[{i}]")
+            yield from _inputs(value, f"{path}[{i}]")
 
 
 def _tensors(found: list[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]:

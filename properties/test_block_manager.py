@@ -34,7 +34,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from harness.contracts.block_manager import MAX_BLOCKS, NullStorage, OutOfBlocks, open_manager
+from harness.contracts.block_manager import MAX_BLOCKS, NullStorage, OutOfBlocks, guarded_batch, open_manager
 from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
 from harness.registry import Impl
 from harness.simulator.examples import block_size_waste, parallel_sampling, shared_prompt_answers
@@ -149,18 +149,15 @@ def situation(name: str, seen: set[str] | None = None) -> None:
         seen.add(name)
 
 
-def step(fn, *, checks_state=True):
-    """A rule that marks the run failed when it raises (Hypothesis runs teardown() in a finally, and teardown's own
-    checks would replace the first failure's message), then checks the manager's calls left global state alone:
-    one snapshot a rule, not two a call (an invariant's queries are covered by the next rule's check)."""
+def step(fn):
+    """A rule or invariant, its manager calls under one guard (`guarded_batch`), that marks the run failed when it
+    raises: Hypothesis runs teardown() in a finally, and teardown's own checks would replace the first failure's
+    message."""
 
     @functools.wraps(fn)
     def run(self, *args, **kwargs):
         try:
-            out = fn(self, *args, **kwargs)
-            if checks_state and hasattr(self, "m"):
-                self.m.check_state(f"step {fn.__name__} (or the invariant checks before it)")
-            return out
+            return guarded_batch(self.impl, lambda: fn(self, *args, **kwargs))
         except BaseException:
             self.failed = True
             raise
@@ -168,14 +165,12 @@ def step(fn, *, checks_state=True):
     return run
 
 
-def check(fn):
-    """An invariant: marks the run failed when it raises."""
-    return step(fn, checks_state=False)
-
-
 def machine_for(impl: Impl, checks: frozenset[str]):
+    impl_ = impl
+
     class BlockManagerMachine(RuleBasedStateMachine):
         failed = False  # a rule or invariant raised: teardown checks nothing
+        impl = impl_
 
         @initialize(geometry=pool_geometries(), data=st.data())
         @step
@@ -186,9 +181,8 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             self.kv: dict[int, list[int]] = {}  # live sequence -> prefix ids of its tokens, grown lazily
             self.storage = ShadowStorage(geometry, lambda sid, pos: self.kv_ids(sid)[pos])
             self.m = open_manager(impl, geometry.num_blocks, self.B, self.storage,
-                                  num_cpu_blocks=geometry.num_cpu_blocks, state_per_call=False)
-            # asked during the manager's own writes, inside its guarded call: the manager itself
-            self.storage.ref_count = self.m.unguarded.ref_count if "data" in checks else (lambda block: 0)
+                                  num_cpu_blocks=geometry.num_cpu_blocks, timed=False)
+            self.storage.ref_count = self.m.ref_count if "data" in checks else (lambda block: 0)
             self.shadow: dict[int, list[int]] = {}  # live sequence -> its tokens
             self.swapped: list[int] = []  # in swap-out order
             self.preempted: dict[int, list[int]] = {}  # preempted by recompute -> tokens to recompute
@@ -459,6 +453,23 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         def allocate(self, data):
             self.do_allocate(data.draw(prompts(self.sources(), self.B), label="tokens"))
 
+        @rule(data=st.data())
+        @step
+        def allocate_diverging(self, data):
+            """A prompt sharing two or more full blocks with an earlier one, then diverging (a system prompt and
+            few-shot examples, then another question): chained hashes must tell the tails apart.  With no source
+            of two full blocks yet, a fresh prompt of two blocks and a token makes one."""
+            B, long = self.B, [p for p in self.sources() if len(p) >= 2 * self.B]
+            if not long:
+                self.do_allocate(data.draw(token_lists(B, 2 * B + 1, 2 * B + 1), label="tokens"))
+                return
+            base = data.draw(st.sampled_from(long), label="base")
+            cut = B * data.draw(st.integers(2, len(base) // B), label="shared blocks")
+            tail = data.draw(token_lists(B, min_size=1), label="tail")
+            if cut < len(base) and tail[0] == base[cut]:
+                tail[0] = (tail[0] + 1) % TOKEN_ALPHABET
+            self.do_allocate(base[:cut] + tail)
+
         @precondition(lambda self: self.preempted)
         @rule(data=st.data())
         @step
@@ -543,8 +554,19 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         @rule(data=st.data())
         @step
         def rejected_call(self, data):
+            self.do_rejected(data)
+
+        def do_rejected(self, data):
             what, method, names, args = data.draw(st.sampled_from(self.bad_calls()), label="rejected call")
             self.do_reject(what, method, names, *args(data))
+
+        @precondition(lambda self: self.shadow)
+        @rule(data=st.data())
+        @step
+        def rejected_call_while_live(self, data):
+            """The same, once sequences are live (a second rule: Hypothesis weighs rules equally), where a rejected
+            call has tables, counts and cached blocks to disturb."""
+            self.rejected_call(data)
 
         def bad_calls(self):
             """The calls the contract rejects in this state: (what, method, names, draw the arguments)."""
@@ -566,8 +588,8 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 ("ref_count outside the pool", "ref_count", ("block",), lambda d: (d.draw(st.sampled_from([-1, n])),)),
             ]
             if live:
-                cases.append(("allocate under a live seq_id", "allocate", sid, lambda d: (
-                    d.draw(st.sampled_from(live)), self.hand(d.draw(prompts(self.sources(), self.B))))))
+                cases.append(("allocate under a live seq_id (its own tokens: cache hits)", "allocate", sid,
+                              lambda d: (s := d.draw(st.sampled_from(live)), self.hand(self.shadow[s]))))
             if res:
                 cases += [
                     ("append of a token that is not an int", "append", ("token",),
@@ -587,7 +609,7 @@ def machine_for(impl: Impl, checks: frozenset[str]):
 
         # ---- invariants
         @invariant()
-        @check
+        @step
         def bookkeeping(self):
             if "bookkeeping" not in checks or not hasattr(self, "m"):
                 return
@@ -617,7 +639,7 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 f"CPU pool: free {cpu_free} + used {len(cpu_used)} != {self.g.num_cpu_blocks}")
 
         @invariant()
-        @check
+        @step
         def data_reads_back(self):
             if not hasattr(self, "m"):
                 return
@@ -648,7 +670,7 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             calls, or a call that raised (or a query) changed hidden state (the contract's determinism)."""
             storage = RecordingStorage()
             twin = open_manager(impl, self.g.num_blocks, self.B, storage, num_cpu_blocks=self.g.num_cpu_blocks,
-                                state_per_call=False)
+                                timed=False)
             for k, (method, args, out, made) in enumerate(self.accepted):
                 start = len(storage.trace)
                 try:
@@ -660,13 +682,14 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                     f"the {k + 1}th accepted call {method}{args} returned {out!r} with storage calls {list(made)[:8]}; "
                     f"on a fresh manager given only the accepted calls it returned {got!r} with {list(again)[:8]}: "
                     f"a call that raised ({'; '.join(self.raised[-4:])}) or a query changed the manager")
-            twin.check_state("the replay")
 
         def teardown(self):
             if hasattr(self, "seen") and currently_in_test_context():
                 target(float(len(self.seen)), label="situations reached")  # steers generation toward rich programs
-            if "bookkeeping" not in checks or not hasattr(self, "m") or self.failed:
-                return
+            if "bookkeeping" in checks and hasattr(self, "m") and not self.failed:
+                guarded_batch(impl, self.pool_whole_at_end)
+
+        def pool_whole_at_end(self):
             if self.raised:
                 self.replay()
             for sid in list(self.shadow):
@@ -675,7 +698,6 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             assert self.m.num_free_blocks() == n, f"after freeing everything {self.m.num_free_blocks()} of {n} free"
             assert all(self.m.ref_count(b) == 0 for b in range(n)), "after freeing everything a count is not 0"
             assert self.m.num_free_cpu_blocks() == self.g.num_cpu_blocks, "after freeing everything CPU blocks leak"
-            self.m.check_state("teardown")
 
     BlockManagerMachine.__name__ = f"BlockManagerMachine[{impl.name}]"
     return BlockManagerMachine

@@ -59,7 +59,7 @@ from typing import Any, Protocol
 
 from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
-from harness.guard import ContractViolation, call_limit, changed_state, global_state, guarded_call
+from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.registry import Impl
 
 
@@ -159,11 +159,10 @@ def is_int(value: Any) -> bool:
 
 
 def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, num_cpu_blocks: int = 0,
-                 timed: bool = True, state_per_call: bool = True):
+                 timed: bool = True):
     """Build a manager from an implementation and check it offers every method of the contract.  ``timed``:
-    each call guarded (per-call limit, inputs and global state left alone; the serving simulator, which times
-    the scheduler, passes False); ``state_per_call=False``: global state is compared at each
-    `TimedManager.check_state` instead of around every call."""
+    each call guarded (per-call limit, global state left alone); a caller making many cheap calls passes False
+    and guards its batches with `guarded_batch` (the serving simulator, which times the scheduler, does neither)."""
     try:
         manager = impl.fn(num_blocks, block_size, storage, num_cpu_blocks=num_cpu_blocks)
     except Exception as exc:
@@ -171,36 +170,28 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
     missing = [m for m in METHODS if not callable(getattr(manager, m, None))]
     if missing:
         raise ContractViolation(f"{impl.name}: the manager lacks the contract's method(s) {missing}")
-    return TimedManager(impl, manager, state_per_call) if timed else manager
+    return TimedManager(impl, manager) if timed else manager
+
+
+def guarded_batch(impl: Impl, fn: Any) -> Any:
+    """``fn()`` -- a batch of direct calls on an untimed manager (a state machine's step) -- under one guard: the
+    per-call limit for the whole batch, global state compared around it.  A guard costs ~0.3 ms, ~50x a query,
+    and a state machine makes ~10^5 calls.  What ``fn`` raises reaches the caller unchanged."""
+    try:
+        return guarded_call(fn, timeout_s=call_limit(impl), hang_owner=impl.fn)
+    except ContractViolation as exc:
+        if isinstance(exc.__cause__, Exception):
+            raise exc.__cause__ from None
+        raise
 
 
 class TimedManager:
     """The manager, each contract method called through `guarded_call`: a hang is a verdict at once
-    ("hung: ..."), not the whole process's limit.  What a method raises (OutOfBlocks, ValueError, KeyError)
-    reaches the caller unchanged.  Global state (RNGs, torch settings) is compared around every call, or,
-    with ``state_per_call=False``, at each `check_state` of a caller making many cheap calls: a state machine
-    checks once a step, since a snapshot (~0.15 ms) costs ~10x a query and a run makes ~10^4 calls."""
+    ("hung: ..."), not the whole process's limit; global state (RNGs, torch settings) is compared around every
+    call.  What a method raises (OutOfBlocks, ValueError, KeyError) reaches the caller unchanged."""
 
-    def __init__(self, impl: Impl, manager: Any, state_per_call: bool = True):
-        self._impl, self._manager, self._per_call = impl, manager, state_per_call
-        self._state = None if state_per_call else global_state()
-
-    @property
-    def unguarded(self) -> Any:
-        """The manager itself, for calls made from inside a guarded call (a storage callback asking a block's count
-        during a write): a guard nested in a guard finds the alarm taken and runs each call in a thread."""
-        return self._manager
-
-    def check_state(self, where: str) -> None:
-        """Raise ContractViolation if the calls since the last check (or since the manager was built) changed
-        global state; ``where`` names them."""
-        if self._per_call:
-            return
-        now = global_state()
-        changed, self._state = changed_state(self._state, now), now
-        if changed:
-            raise ContractViolation(f"{self._impl.name}: changed global state during {where}: {changed} (a call "
-                                    "must leave the process as it found it)")
+    def __init__(self, impl: Impl, manager: Any):
+        self._impl, self._manager = impl, manager
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._manager, name)
@@ -210,7 +201,7 @@ class TimedManager:
         def timed(*args: Any, **kwargs: Any) -> Any:
             try:
                 return guarded_call(method, *args, timeout_s=call_limit(self._impl), hang_owner=self._impl.fn,
-                                    check_globals=self._per_call, **kwargs)
+                                    **kwargs)
             except ContractViolation as exc:
                 if isinstance(exc.__cause__, Exception):  # the method raised: that exception is the answer
                     raise exc.__cause__ from None

@@ -7,7 +7,8 @@ cached-token count that outlives the eviction of the blocks it counted.  A secon
 preemption and of error paths, where the old state machine never looked: copy-on-write skipped after a
 swap-in, swapped blocks restored in CPU-id order, LRU places refreshed by free but not by swap_out, cache
 hits touched before the capacity check, reference counts raised before a duplicate child id is seen, hits
-taken before a duplicate seq_id is seen, a swap-in rolled back after evicting cached blocks; and of size:
+taken before a duplicate seq_id is seen, a swap-in rolled back after evicting cached blocks, CPU blocks of a
+sequence freed while swapped out never returned, an evicted block left in the prefix cache; and of size:
 block ids kept in a byte, tables capped at 512 entries (a fixed max_num_blocks_per_seq).
 """
 
@@ -149,6 +150,25 @@ class SwapInRollbackEvicts(SimpleBlockManager):
         super().swap_in(seq_id)
 
 
+class SwappedFreeLeaksCpu(SimpleBlockManager):
+    def free(self, seq_id):
+        if self._seq(seq_id).swapped:
+            del self.seqs[seq_id]  # BUG: a request aborted while swapped out keeps its CPU blocks
+            return
+        super().free(seq_id)
+
+
+class EvictionKeepsHash(SimpleBlockManager):
+    def _new_block(self):
+        if self.free_stack:
+            b = self.free_stack.pop()
+        else:
+            b, _ = self.evictable.popitem(last=False)  # BUG: the cache still maps the evicted block's hash to it
+            self.block_hash.pop(b)
+        self.ref[b] = 1
+        return b
+
+
 class ByteBlockIds(SimpleBlockManager):
     def _write(self, seq_id, seq, pos):  # BUG: block ids kept in a byte: past 256 blocks they wrap
         self.storage.write(seq.table[pos // self.B] % 256, pos % self.B, seq_id, pos)
@@ -183,6 +203,10 @@ MUTANTS = {
                              "machine_bookkeeping"),
     "swap_in_rollback_evicts": (SwapInRollbackEvicts, "a swap_in that runs out has evicted cached blocks on the way",
                                 "machine_bookkeeping"),
+    "swapped_free_leaks_cpu": (SwappedFreeLeaksCpu, "free of a swapped-out sequence does not return its CPU blocks",
+                               "machine_bookkeeping"),
+    "eviction_keeps_hash": (EvictionKeepsHash, "an evicted block stays in the prefix cache: a later hit reads the "
+                            "block's new contents", "machine_data"),
     "byte_block_ids": (ByteBlockIds, "block ids kept in a byte: wrong past 256 blocks", "large_tables"),
     "table_capped_512": (TableCapped512, "block tables capped at 512 entries: wrong past 512 blocks",
                          "large_tables"),
