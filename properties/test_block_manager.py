@@ -566,7 +566,7 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         def rejected_call_while_live(self, data):
             """The same, once sequences are live (a second rule: Hypothesis weighs rules equally), where a rejected
             call has tables, counts and cached blocks to disturb."""
-            self.rejected_call(data)
+            self.do_rejected(data)
 
         def bad_calls(self):
             """The calls the contract rejects in this state: (what, method, names, draw the arguments)."""
