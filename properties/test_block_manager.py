@@ -537,19 +537,23 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             back = data.draw(st.permutations(self.swapped), label="swap in order")
             for sid in back[:data.draw(st.integers(0, len(back)), label="swap in count")]:
                 self.do_swap_in(sid)
+            longest = max(self.resident(), key=lambda s: len(self.shadow[s]), default=None)
+            if longest is not None and data.draw(st.booleans(), label="then swap out the longest"):
+                self.do_swap_out(longest)  # takes the CPU blocks just returned, in the order they came back
 
         @precondition(lambda self: self.swapped)
         @rule(data=st.data())
         @step
         def swap_in_and_fork(self, data):
-            """A swapped-out request resumes and samples again (parallel sampling, beam search): swap_in, fork, both
-            write the shared last block -- its count is 2 again, on a block swap_in just made."""
+            """A swapped-out request resumes and samples again (parallel sampling, beam search): swap_in, fork, the
+            parent then the child write the shared last block -- its count is 2 again, on a block swap_in just
+            made."""
             sid = data.draw(st.sampled_from(self.swapped), label="swap in")
             self.do_swap_in(sid)
             if sid not in self.swapped:
                 self.do_fork(sid, self.tokens(data, sid, "child appends", 0),
                              data.draw(token_lists(self.B, 1, max_size=self.B), label="parent appends"),
-                             data.draw(st.booleans(), label="parent first"))
+                             parent_first=True)  # the child first: the fork rule
 
         @rule(data=st.data())
         @step
