@@ -729,6 +729,14 @@ PINNED = {
         ("allocate", [0]), ("swap_out", 1), ("allocate", [1]), ("free", 2), ("swap_in", 1)]),
     # append's out-of-blocks check forgetting that copy-on-write takes a block
     "append_oob_ignores_cow": (PoolGeometry(2, 1, 0), [("allocate", [0]), ("fork", 1, []), ("append", 1, [1])]),
+    # swapped blocks restored in CPU-id order: two one-block sequences swapped out and back in the same order return
+    # their CPU blocks so that the next swap_out of two blocks takes them in descending id order
+    "swap_in_id_order": (PoolGeometry(1, 4, 4), [
+        ("allocate", [0]), ("allocate", [1]), ("swap_out", 1), ("swap_out", 2), ("swap_in", 1), ("swap_in", 2),
+        ("allocate", [2, 3]), ("swap_out", 3), ("swap_in", 3)]),
+    # a swap_in that runs out with one idle cached block free, evicting it before giving up
+    "swap_in_oob_evicts": (PoolGeometry(1, 2, 2), [
+        ("allocate", [0, 1]), ("swap_out", 1), ("allocate", [2]), ("swap_in", 1)]),
     # allocate's capacity check counting a cached prefix held by a live sequence as new blocks (vLLM v0)
     "oob_ignores_hits": (PoolGeometry(2, 3, 0), [("allocate", [0, 0]), ("allocate", [1, 1]), ("allocate", [0, 0, 2])]),
 }
