@@ -1,25 +1,30 @@
 """Properties of block managers (contract: harness/contracts/block_manager.py).
 
 A Hypothesis state machine drives a manager with small pools -- allocate (prefix-cache lookups
-included), append, fork, free, look up, preempt by recompute and resume, swap out and in -- against a
-shadow model that knows only each live sequence's tokens.  The caller's storage plays the model:
-the KV it writes for token i of a sequence is the sequence's whole prefix tokens[:i+1], so a block
+included), append, fork, free, look up, preempt by recompute and resume, swap out and in (several
+sequences at once, back in another order), and calls the contract rejects -- against a shadow model
+that knows only each live sequence's tokens.  The caller's storage plays the model: the KV it writes
+for token i of a sequence is (the interned id of) the sequence's whole prefix tokens[:i+1], so a block
 reused under the wrong prefix reads back wrong.  The same machine backs two properties that check
 different invariants after every step, so each mutant is killed for the reason it declares:
 ``machine_bookkeeping`` (pool conservation, reference counts = block-table entries, honest
-out-of-memory, a whole pool after freeing everything) and ``machine_data`` (what each sequence reads
-through its block table is its shadow, no write into a block whose count exceeds one).  Both replay the
-pinned programs (PINNED) first.  The order in which idle cached blocks are evicted depends on choices the
-contract leaves open once sequences share and duplicate blocks, so ``evicts_least_recently_used`` checks
-it on one-block prompts, where it is exact.
+out-of-memory, every observable unchanged by a call that raises, the accepted calls replayed on a fresh
+manager make the same storage calls, a whole pool after freeing everything) and ``machine_data`` (what
+each sequence reads through its block table is its shadow, no write into a block whose count exceeds
+one).  Both replay the pinned programs (PINNED) first; `event()` counts the situations where
+bookkeeping bugs live (``--hypothesis-show-statistics``).  The order in which idle cached blocks are
+evicted depends on choices the contract leaves open once sequences share and duplicate blocks, so
+``evicts_least_recently_used`` checks it on one-block prompts, where it is exact; ``large_tables``
+runs one program on tables past 256, 512 and 1,024 blocks.
 """
 
 import collections
 import functools
 
 import pytest
-from hypothesis import Phase, example, given, settings
+from hypothesis import Phase, event, example, given, settings, target
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -29,24 +34,55 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from harness.contracts.block_manager import NullStorage, OutOfBlocks, open_manager
-from harness.guard import ContractViolation, assert_rejected
+from harness.contracts.block_manager import MAX_BLOCKS, NullStorage, OutOfBlocks, guarded_batch, open_manager
+from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
 from harness.registry import Impl
 from harness.simulator.examples import block_size_waste, parallel_sampling, shared_prompt_answers
 from harness.strategies.block_manager import (
+    TOKEN_ALPHABET,
     EvictionProgram,
     PoolGeometry,
     appended_tokens,
     eviction_programs,
     pool_geometries,
     prompts,
+    token_lists,
 )
 
 TECHNIQUE = "block_manager"
+NOT_INTS = (1.5, "0", None)  # tokens the contract rejects: each would hash into the cache as another block
+
+
+class Prefixes:
+    """Token prefixes interned as ints (a trie): the KV of token i is the id of tokens[:i+1], so a slot compares in
+    O(1) where the tuple of a 2,000-token prefix costs O(L) to build and compare."""
+
+    def __init__(self):
+        self.ids: dict[tuple[int, int], int] = {}
+        self.nodes: list[tuple[int, int]] = []  # id -> (parent id, token); the empty prefix is -1
+
+    def child(self, parent: int, token: int) -> int:
+        if (parent, token) not in self.ids:
+            self.ids[parent, token] = len(self.nodes)
+            self.nodes.append((parent, token))
+        return self.ids[parent, token]
+
+    def tokens(self, node) -> list[int]:
+        out = []
+        while node is not None and node >= 0:
+            node, token = self.nodes[node]
+            out.append(token)
+        return out[::-1]
+
+    def shown(self, node) -> str:
+        tokens = self.tokens(node) if node is not None else None
+        return repr(tokens) if tokens is None or len(tokens) <= 12 else f"[..., {str(tokens[-8:])[1:]} ({len(tokens)})"
 
 
 class ShadowStorage:
-    """The caller's KV storage: slots hold the prefix each token's KV was computed from; None = never written."""
+    """The caller's KV storage: slots hold the prefix id each token's KV was computed from; None = never written.
+    ``trace`` keeps every call, in order (the replay compares it); ``overwritten`` the prefix ids of full blocks a
+    write, copy or swap-in replaced (candidate evictions)."""
 
     def __init__(self, geometry: PoolGeometry, kv_of):
         B = geometry.block_size
@@ -54,36 +90,74 @@ class ShadowStorage:
         self.cpu = [[None] * B for _ in range(geometry.num_cpu_blocks)]
         self.kv_of, self.ref_count, self.violations = kv_of, None, []
         self.writes = 0  # token KVs computed so far: allocate must compute exactly those it did not find cached
+        self.trace: list[tuple] = []
+        self.overwritten: set[int] = set()
 
     def _into(self, pool, block, what):
         if not (isinstance(block, int) and 0 <= block < len(pool)):
             raise ContractViolation(f"{what}: block {block!r} is outside the pool of {len(pool)}")
-        if pool is self.gpu and self.ref_count(block) > 1:
-            self.violations.append(f"{what} into block {block} whose reference count is {self.ref_count(block)}")
+        if pool is self.gpu:
+            if self.ref_count(block) > 1:
+                self.violations.append(f"{what} into block {block} whose reference count is {self.ref_count(block)}")
+            if None not in pool[block]:
+                self.overwritten.add(pool[block][-1])
         return pool[block]
 
     def write(self, block, offset, seq_id, position):
+        self.trace.append(("write", block, offset, seq_id, position))
         self._into(self.gpu, block, "write")[offset] = self.kv_of(seq_id, position)
         self.writes += 1
 
     def copy(self, src, dst):
+        self.trace.append(("copy", src, dst))
         self._into(self.gpu, dst, "copy")[:] = self.gpu[src]
 
     def swap_out(self, gpu_block, cpu_block):
+        self.trace.append(("swap_out", gpu_block, cpu_block))
         self._into(self.cpu, cpu_block, "swap_out")[:] = self.gpu[gpu_block]
 
     def swap_in(self, cpu_block, gpu_block):
+        self.trace.append(("swap_in", cpu_block, gpu_block))
         self._into(self.gpu, gpu_block, "swap_in")[:] = self.cpu[cpu_block]
 
 
+class RecordingStorage(NullStorage):
+    """What a fresh manager does with the data, for the replay: every call, as ShadowStorage records it."""
+
+    def __init__(self):
+        self.trace: list[tuple] = []
+
+    def write(self, block, offset, seq_id, position):
+        self.trace.append(("write", block, offset, seq_id, position))
+
+    def copy(self, src, dst):
+        self.trace.append(("copy", src, dst))
+
+    def swap_out(self, gpu_block, cpu_block):
+        self.trace.append(("swap_out", gpu_block, cpu_block))
+
+    def swap_in(self, cpu_block, gpu_block):
+        self.trace.append(("swap_in", cpu_block, gpu_block))
+
+
+def situation(name: str, seen: set[str] | None = None) -> None:
+    """Count a situation where bookkeeping bugs live (`--hypothesis-show-statistics`), and add it to ``seen`` (the
+    run's `target`); pinned programs run outside Hypothesis and count nothing."""
+    if currently_in_test_context():
+        event(name)
+    if seen is not None:
+        seen.add(name)
+
+
 def step(fn):
-    """A rule or invariant that marks the run failed when it raises: Hypothesis runs teardown() in a finally, and
-    teardown's own checks (a whole pool after freeing everything) would replace the first failure's message."""
+    """A rule or invariant, its manager calls under one guard (`guarded_batch`), that marks the run failed when it
+    raises: Hypothesis runs teardown() in a finally, and teardown's own checks would replace the first failure's
+    message."""
 
     @functools.wraps(fn)
     def run(self, *args, **kwargs):
         try:
-            return fn(self, *args, **kwargs)
+            return guarded_batch(self.impl, lambda: fn(self, *args, **kwargs))
         except BaseException:
             self.failed = True
             raise
@@ -92,29 +166,63 @@ def step(fn):
 
 
 def machine_for(impl: Impl, checks: frozenset[str]):
+    impl_ = impl
+
     class BlockManagerMachine(RuleBasedStateMachine):
         failed = False  # a rule or invariant raised: teardown checks nothing
+        impl = impl_
 
-        @initialize(geometry=pool_geometries())
+        @initialize(geometry=pool_geometries(), data=st.data())
         @step
-        def build(self, geometry):
+        def build(self, geometry, data=None):
+            """A pool and one to three prompts sharing prefixes (so that from the first step most rules apply)."""
             self.g, self.B = geometry, geometry.block_size
-            self.storage = ShadowStorage(geometry, lambda sid, pos: tuple(self.shadow[sid][:pos + 1]))
+            self.prefixes = Prefixes()
+            self.kv: dict[int, list[int]] = {}  # live sequence -> prefix ids of its tokens, grown lazily
+            self.storage = ShadowStorage(geometry, lambda sid, pos: self.kv_ids(sid)[pos])
             self.m = open_manager(impl, geometry.num_blocks, self.B, self.storage,
-                                  num_cpu_blocks=geometry.num_cpu_blocks)
-            self.storage.ref_count = self.m.ref_count
+                                  num_cpu_blocks=geometry.num_cpu_blocks, timed=False)
+            self.storage.ref_count = self.m.ref_count if "data" in checks else (lambda block: 0)
             self.shadow: dict[int, list[int]] = {}  # live sequence -> its tokens
-            self.swapped: set[int] = set()
+            self.swapped: list[int] = []  # in swap-out order
             self.preempted: dict[int, list[int]] = {}  # preempted by recompute -> tokens to recompute
+            self.dead: set[int] = set()  # freed sequences: their ids are unknown to the manager now
             self.history: list[list[int]] = []
             self.given: list[tuple[list[int], tuple[int, ...]]] = []  # lists handed to the manager, as handed
+            self.accepted: list[tuple] = []  # (method, args, result, storage calls) of every call that succeeded
+            self.raised: list[str] = []  # calls that raised (rejected, or OutOfBlocks), for the replay's message
+            self.evicted: set[int] = set()  # prefix ids of cached blocks seen evicted
+            self.cpu_used: set[int] = set()  # CPU blocks some swap_out has used
+            self.swapped_in: set[int] = set()
+            self.seen: set[str] = set()  # situations reached: the score `target` raises
             self.next_id = 0
+            for _ in range(data.draw(st.integers(1, 3), label="first prompts") if data else 0):
+                self.do_allocate(data.draw(prompts(self.sources(), self.B), label="tokens"))
+
+        def situation(self, name: str) -> None:
+            situation(name, self.seen)
+
+        def kv_ids(self, sid) -> list[int]:
+            tokens, ids = self.shadow[sid], self.kv.setdefault(sid, [])
+            del ids[len(tokens):]
+            while len(ids) < len(tokens):
+                ids.append(self.prefixes.child(ids[-1] if ids else -1, tokens[len(ids)]))
+            return ids
 
         def hand(self, tokens) -> list[int]:
             """A fresh list for the manager, remembered: a manager that keeps it and appends to it (aliasing the
             caller's prompt) shows up in `bookkeeping`."""
             self.given.append((mine := list(tokens), tuple(tokens)))
             return mine
+
+        def call(self, method, *args):
+            """A call that must succeed, recorded with its storage calls for the replay."""
+            start = len(self.storage.trace)
+            out = getattr(self.m, method)(*args)
+            if "bookkeeping" in checks:
+                kept = tuple(list(a) if isinstance(a, list) else a for a in args)
+                self.accepted.append((method, kept, out, tuple(self.storage.trace[start:])))
+            return out
 
         def table(self, sid) -> list[int]:
             """block_table(sid); the list it returns is the caller's, so it is cleared after reading: a manager that
@@ -128,7 +236,7 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             return table
 
         def resident(self):
-            return sorted(set(self.shadow) - self.swapped)
+            return sorted(set(self.shadow) - set(self.swapped))
 
         def sources(self) -> list[list[int]]:
             """What prompts derive from: the 8 most recent prompts and the tokens of 8 live sequences (grown by
@@ -137,21 +245,58 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             (the stale-count mutant's kill took 29 s -> 10 s of CPU)."""
             return self.history[-8:] + [list(self.shadow[s]) for s in sorted(self.shadow)[-8:]]
 
+        def earlier(self) -> list[tuple[int, ...]]:
+            """The distinct prompts and live sequences' tokens the sources hold, the latest last."""
+            return list(dict.fromkeys(tuple(p) for p in self.sources()))
+
+        def unknown_ids(self) -> list[int]:
+            return sorted(self.dead | set(self.preempted)) or [self.next_id + 1000]
+
+        # ---- what a call that raises must leave as it was
+        def observe(self) -> dict:
+            """What a call that raises must leave as it was: the block tables, the reference counts, the free counts,
+            the cache as lookups of the 8 latest distinct earlier prompts see it, the storage calls made so far.
+            (The token counts and is_swapped follow the shadow, which such a call leaves alone: the invariants
+            check those after the step; the replay at teardown, what the calls after it do.)"""
+            return {
+                "block tables": {s: list(self.m.block_table(s)) for s in sorted(self.shadow)},
+                "reference counts": [self.m.ref_count(b) for b in range(self.g.num_blocks)],
+                "free blocks (GPU, CPU)": (self.m.num_free_blocks(), self.m.num_free_cpu_blocks()),
+                "lookup_prefix of earlier prompts": {p: self.m.lookup_prefix(list(p)) for p in self.earlier()[-8:]},
+                "storage calls": len(self.storage.trace),
+            }
+
+        def unchanged(self, before: dict, what: str) -> None:
+            self.raised.append(what)
+            if "bookkeeping" not in checks:
+                return
+            after = self.observe()
+            diff = [f"{key} {before[key]} -> {after[key]}" for key in before if before[key] != after[key]]
+            assert not diff, f"{what} changed the manager: {'; '.join(diff)}"
+
+        def observed_if(self, possible: bool) -> dict | None:
+            return self.observe() if possible and "bookkeeping" in checks else None
+
         # ---- steps, with explicit arguments: the rules draw them, pinned programs (PINNED) name them
         def do_allocate(self, tokens, sid=None):
             if sid is None:
                 self.next_id += 1
                 sid = self.next_id
-            self.shadow[sid] = list(tokens)
             free, writes = self.m.num_free_blocks(), self.storage.writes
             promised = self.m.lookup_prefix(self.hand(tokens))
+            need = -(-len(tokens) // self.B)
+            need = self.most_needed(tokens, promised) if free < need else need
+            before = self.observed_if(free < need)  # only then may it run out
+            self.shadow[sid] = list(tokens)
+            self.kv.pop(sid, None)
             try:
-                cached = self.m.allocate(sid, self.hand(tokens))
+                cached = self.call("allocate", sid, self.hand(tokens))
             except OutOfBlocks:
                 del self.shadow[sid]
-                need = self.most_needed(tokens, promised)
                 assert free < need, (f"allocate of {len(tokens)} tokens ({promised} of them cached) raised "
                                      f"OutOfBlocks with {free} blocks free; it needs at most {need}")
+                self.situation("OutOfBlocks: allocate")
+                self.unchanged(before, f"allocate({sid}, {tokens}) raising OutOfBlocks")
                 return False
             assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"allocate reported {cached} cached"
             if "bookkeeping" in checks:  # the simulator counts recomputed tokens from these two numbers
@@ -159,6 +304,12 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 computed = self.storage.writes - writes
                 assert computed == len(tokens) - cached, (
                     f"allocate reported {cached} of {len(tokens)} tokens cached but computed {computed}")
+            if cached >= 2 * self.B and len(tokens) > cached:
+                self.situation("prefix: two or more cached blocks, then the prompt diverges")
+            if cached and self.evicted - set(self.kv_ids(sid)):
+                self.situation("prefix: a cached prefix reused after another was evicted")
+            if self.evicted & set(self.kv_ids(sid)[self.B - 1::self.B]):
+                self.situation("prefix: an evicted prefix computed again")
             self.history.append(list(tokens))
             return True
 
@@ -166,11 +317,12 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             """The most free blocks allocating ``tokens`` can take: one per block not cached, plus one per cached
             block that may be idle (it leaves the free pool).  A cached block holds its prefix's KV, so it is one
             of the GPU blocks whose storage holds that; when every such block is in use, the hit is too."""
-            B, gpu = self.B, self.storage.gpu
+            B, gpu, p, ids = self.B, self.storage.gpu, self.prefixes, []
+            for t in tokens:
+                ids.append(p.child(ids[-1] if ids else -1, t))
             need = -(-len(tokens) // B) - promised // B
             for i in range(promised // B):
-                kv = [tuple(tokens[:i * B + j + 1]) for j in range(B)]
-                holders = [b for b in range(len(gpu)) if gpu[b] == kv]
+                holders = [b for b in range(len(gpu)) if gpu[b] == ids[i * B:(i + 1) * B]]
                 need += not holders or any(self.m.ref_count(b) == 0 for b in holders)
             return need
 
@@ -178,17 +330,20 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             """Append token by token; one that needs a block (a new one, or a copy of a shared last block) with
             none free must raise OutOfBlocks, and only such a one may."""
             for token in tokens:
-                n, last = len(self.shadow[sid]), self.table(sid)[-1]
+                n, last = len(self.shadow[sid]), self.m.block_table(sid)[-1]
                 need = ("a new block" if n % self.B == 0 else
                         f"a copy of its shared last block {last}" if self.m.ref_count(last) > 1 else None)
-                free = self.m.num_free_blocks()
+                free, copies = self.m.num_free_blocks(), len(self.storage.trace)
+                before = self.observed_if(need and free == 0)
                 self.shadow[sid].append(token)
                 try:
-                    self.m.append(sid, token)
+                    self.call("append", sid, token)
                 except OutOfBlocks:
                     self.shadow[sid].pop()
                     assert need and free == 0, (f"append to sequence {sid} raised OutOfBlocks with {free} blocks "
                                                 f"free, needing {need or 'no block'}")
+                    self.situation("OutOfBlocks: append")
+                    self.unchanged(before, f"append({sid}, {token}) raising OutOfBlocks")
                     return
                 except Exception as exc:
                     if need and free == 0:
@@ -197,47 +352,97 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                     raise
                 assert not (need and free == 0), (f"append to sequence {sid} needed {need} with no block free "
                                                   "and did not raise OutOfBlocks")
+                if any(c[0] == "copy" for c in self.storage.trace[copies:]):
+                    self.situation("copy-on-write of a shared last block")
 
-        def do_fork(self, parent, then=()):
+        def do_fork(self, parent, then=(), parent_then=(), parent_first=False):
+            """Fork, then the child's appends and the parent's, in either order: the first writer of a shared
+            partial last block copies it, the second (its count back to one) writes in place."""
             self.next_id += 1
-            self.m.fork(parent, self.next_id)
-            self.shadow[self.next_id] = list(self.shadow[parent])
-            self.do_append(self.next_id, then)
+            child = self.next_id
+            self.call("fork", parent, child)
+            self.shadow[child] = list(self.shadow[parent])
+            if parent_then and parent_first and parent in self.swapped_in and len(self.shadow[parent]) % self.B:
+                self.situation("swap: after swap_in and fork, the parent writes the shared last block first")
+            for sid, tokens in ((parent, parent_then), (child, then))[::1 if parent_first else -1]:
+                self.do_append(sid, tokens)
 
         def do_free(self, sid):
-            self.m.free(sid)
+            self.call("free", sid)
             del self.shadow[sid]
-            self.swapped.discard(sid)
+            self.dead.add(sid)
+            if sid in self.swapped:
+                self.swapped.remove(sid)
 
         def do_preempt(self, sid):
-            self.m.free(sid)
+            self.call("free", sid)
             self.preempted[sid] = self.shadow.pop(sid)
 
         def do_resume(self, sid):
             if self.do_allocate(self.preempted[sid], sid):
                 del self.preempted[sid]
+                self.situation("preemption: a sequence resumed by recompute")
 
         def do_lookup(self, tokens):
             cached = self.m.lookup_prefix(self.hand(tokens))
             assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"lookup_prefix reported {cached}"
 
         def do_swap_out(self, sid):
-            cpu_free, need = self.m.num_free_cpu_blocks(), len(self.table(sid))
+            cpu_free, need = self.m.num_free_cpu_blocks(), len(self.m.block_table(sid))
+            before = self.observed_if(cpu_free < need)
             try:
-                self.m.swap_out(sid)
+                self.call("swap_out", sid)
             except OutOfBlocks:
                 assert cpu_free < need, f"swap_out raised OutOfBlocks with {cpu_free} CPU blocks free for {need}"
+                self.situation("OutOfBlocks: swap_out")
+                self.unchanged(before, f"swap_out({sid}) raising OutOfBlocks")
                 return
-            self.swapped.add(sid)
+            self.swapped.append(sid)
+            cpu = list(self.m.block_table(sid))
+            if need >= 2:
+                self.situation("swap: a multi-block swap")
+            if len(self.swapped) >= 2:
+                self.situation("swap: several sequences swapped out at once")
+            if set(cpu) & self.cpu_used:
+                self.situation("swap: CPU blocks freed and used again")
+            if cpu != sorted(cpu):
+                self.situation("swap: a CPU table out of block-id order")
+            self.cpu_used |= set(cpu)
 
         def do_swap_in(self, sid):
-            free, need = self.m.num_free_blocks(), len(self.table(sid))
+            free, need = self.m.num_free_blocks(), len(self.m.block_table(sid))
+            before = self.observed_if(free < need)
             try:
-                self.m.swap_in(sid)
+                self.call("swap_in", sid)
             except OutOfBlocks:
                 assert free < need, f"swap_in raised OutOfBlocks with {free} blocks free for {need}"
+                self.situation("OutOfBlocks: swap_in" + (" with some blocks free" if free else ""))
+                self.unchanged(before, f"swap_in({sid}) raising OutOfBlocks")
                 return
-            self.swapped.discard(sid)
+            if sid != self.swapped[-1]:
+                self.situation("swap: swapped back in out of order")
+            self.swapped.remove(sid)
+            self.swapped_in.add(sid)
+
+        def do_reject(self, what, method, names, *args):
+            """A call the contract rejects: ValueError, TypeError or KeyError naming the argument, and nothing
+            observable changes (`observe`); the replay at teardown checks that the later calls behave as if it
+            never happened."""
+            before = self.observed_if(True)
+            try:
+                getattr(self.m, method)(*args)
+            except (ValueError, TypeError, KeyError) as exc:
+                assert names_argument(str(exc), *names), (
+                    f"{what}: {method}{args} raised '{type(exc).__name__}: {exc}', which names none of {names}")
+            except OutOfBlocks as exc:
+                raise AssertionError(f"{what}: {method}{args} raised OutOfBlocks ({exc}), not an error naming "
+                                     f"{' or '.join(names)}") from exc
+            else:
+                raise AssertionError(f"{what}: {method}{args} was accepted; it must raise an error naming "
+                                     f"{' or '.join(names)}")
+            if self.shadow:
+                self.situation("rejected: a call raises while sequences are live")
+            self.unchanged(before, f"{what}, {method}{args}, raising")
 
         # ---- rules
         def tokens(self, data, sid, label, min_size):
@@ -247,6 +452,23 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         @step
         def allocate(self, data):
             self.do_allocate(data.draw(prompts(self.sources(), self.B), label="tokens"))
+
+        @rule(data=st.data())
+        @step
+        def allocate_diverging(self, data):
+            """A prompt sharing two or more full blocks with an earlier one, then diverging (a system prompt and
+            few-shot examples, then another question): chained hashes must tell the tails apart.  With no source
+            of two full blocks yet, a fresh prompt of two blocks and a token makes one."""
+            B, long = self.B, [p for p in self.sources() if len(p) >= 2 * self.B]
+            if not long:
+                self.do_allocate(data.draw(token_lists(B, 2 * B + 1, 2 * B + 1), label="tokens"))
+                return
+            base = data.draw(st.sampled_from(long), label="base")
+            cut = B * data.draw(st.integers(2, len(base) // B), label="shared blocks")
+            tail = data.draw(token_lists(B, min_size=1), label="tail")
+            if cut < len(base) and tail[0] == base[cut]:
+                tail[0] = (tail[0] + 1) % TOKEN_ALPHABET
+            self.do_allocate(base[:cut] + tail)
 
         @precondition(lambda self: self.preempted)
         @rule(data=st.data())
@@ -265,9 +487,12 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         @rule(data=st.data())
         @step
         def fork(self, data):
-            """Fork, then append to the child: its first token copies a shared partial last block."""
+            """Fork, then append to the child and to the parent: the first token of each copies a shared partial
+            last block (the parent's after the child's, when its count is down to one, writes in place)."""
             parent = data.draw(st.sampled_from(self.resident()), label="fork")
-            self.do_fork(parent, self.tokens(data, parent, "child appends", 0))
+            then = self.tokens(data, parent, "child appends", 0)
+            parent_then = data.draw(token_lists(self.B, max_size=self.B), label="parent appends")
+            self.do_fork(parent, then, parent_then, data.draw(st.booleans(), label="parent first"))
 
         @precondition(lambda self: self.shadow)
         @rule(data=st.data())
@@ -299,6 +524,93 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         def swap_in(self, data):
             self.do_swap_in(data.draw(st.sampled_from(sorted(self.swapped)), label="swap in"))
 
+        @precondition(lambda self: len(self.resident()) >= 2)
+        @rule(data=st.data())
+        @step
+        def swap_several(self, data):
+            """Preemption of a batch by swap: two or more sequences out, then some back in another order, so CPU
+            blocks return to the pool out of order and the next swap_out takes them in a new order."""
+            out = data.draw(st.lists(st.sampled_from(self.resident()), min_size=2, max_size=4, unique=True),
+                            label="swap out")
+            for sid in out:
+                self.do_swap_out(sid)
+            back = data.draw(st.permutations(self.swapped), label="swap in order")
+            for sid in back[:data.draw(st.integers(0, len(back)), label="swap in count")]:
+                self.do_swap_in(sid)
+            longest = max(self.resident(), key=lambda s: len(self.shadow[s]), default=None)
+            if longest is not None and data.draw(st.booleans(), label="then swap out the longest"):
+                self.do_swap_out(longest)  # takes the CPU blocks just returned, in the order they came back
+
+        @precondition(lambda self: self.swapped)
+        @rule(data=st.data())
+        @step
+        def swap_in_and_fork(self, data):
+            """A swapped-out request resumes and samples again (parallel sampling, beam search): swap_in, fork, the
+            parent then the child write the shared last block -- its count is 2 again, on a block swap_in just
+            made."""
+            sid = data.draw(st.sampled_from(self.swapped), label="swap in")
+            self.do_swap_in(sid)
+            if sid not in self.swapped:
+                self.do_fork(sid, self.tokens(data, sid, "child appends", 0),
+                             data.draw(token_lists(self.B, 1, max_size=self.B), label="parent appends"),
+                             parent_first=True)  # the child first: the fork rule
+
+        @rule(data=st.data())
+        @step
+        def rejected_call(self, data):
+            self.do_rejected(data)
+
+        def do_rejected(self, data):
+            what, method, names, args = data.draw(st.sampled_from(self.bad_calls()), label="rejected call")
+            self.do_reject(what, method, names, *args(data))
+
+        @precondition(lambda self: self.shadow)
+        @rule(data=st.data())
+        @step
+        def rejected_call_while_live(self, data):
+            """The same, once sequences are live (a second rule: Hypothesis weighs rules equally), where a rejected
+            call has tables, counts and cached blocks to disturb."""
+            self.do_rejected(data)
+
+        def bad_calls(self):
+            """The calls the contract rejects in this state: (what, method, names, draw the arguments)."""
+            live, res, out, n = sorted(self.shadow), self.resident(), self.swapped, self.g.num_blocks
+            unknown = st.sampled_from(self.unknown_ids())
+            new = self.next_id + 1  # never allocated: a call that accepts it makes a sequence the shadow lacks
+            sid = ("seq_id",)
+            cases = [
+                ("allocate of no tokens", "allocate", ("tokens",), lambda d: (new, self.hand([]))),
+                ("allocate of a token that is not an int", "allocate", ("tokens",), lambda d: (new, self.hand(
+                    [*d.draw(prompts(self.sources(), self.B)), d.draw(st.sampled_from(NOT_INTS))]))),
+                ("append to a freed sequence", "append", sid, lambda d: (d.draw(unknown), 0)),
+                ("fork of a freed parent", "fork", ("parent_id", "seq_id"), lambda d: (d.draw(unknown), new)),
+                ("free of a freed sequence", "free", sid, lambda d: (d.draw(unknown),)),
+                ("swap_out of a freed sequence", "swap_out", sid, lambda d: (d.draw(unknown),)),
+                ("swap_in of a freed sequence", "swap_in", sid, lambda d: (d.draw(unknown),)),
+                ("block_table of a freed sequence", "block_table", sid, lambda d: (d.draw(unknown),)),
+                ("lookup_prefix of no tokens", "lookup_prefix", ("tokens",), lambda d: (self.hand([]),)),
+                ("ref_count outside the pool", "ref_count", ("block",), lambda d: (d.draw(st.sampled_from([-1, n])),)),
+            ]
+            if live:
+                cases.append(("allocate under a live seq_id (its own tokens: cache hits)", "allocate", sid,
+                              lambda d: (s := d.draw(st.sampled_from(live)), self.hand(self.shadow[s]))))
+            if res:
+                cases += [
+                    ("append of a token that is not an int", "append", ("token",),
+                     lambda d: (d.draw(st.sampled_from(res)), d.draw(st.sampled_from(NOT_INTS)))),
+                    ("fork onto a live child_id", "fork", ("child_id",),
+                     lambda d: (d.draw(st.sampled_from(res)), d.draw(st.sampled_from(live)))),
+                    ("swap_in of a resident sequence", "swap_in", sid, lambda d: (d.draw(st.sampled_from(res)),)),
+                ]
+            if out:
+                cases += [
+                    ("append to a swapped-out sequence", "append", sid, lambda d: (d.draw(st.sampled_from(out)), 0)),
+                    ("fork of a swapped-out parent", "fork", ("parent_id", "seq_id"),
+                     lambda d: (d.draw(st.sampled_from(out)), new)),
+                    ("swap_out of a swapped-out sequence", "swap_out", sid, lambda d: (d.draw(st.sampled_from(out)),)),
+                ]
+            return cases
+
         # ---- invariants
         @invariant()
         @step
@@ -324,30 +636,66 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                         entries[b] += 1
             counts = [self.m.ref_count(b) for b in range(n)]
             assert counts == entries, f"reference counts {counts} != block-table entries {entries}"
-            used = sum(c > 0 for c in counts)
-            assert self.m.num_free_blocks() + used == n, (
-                f"free {self.m.num_free_blocks()} + used {used} != pool size {n}")
-            cpu_used = {b for sid in self.swapped for b in tables[sid]}
-            assert self.m.num_free_cpu_blocks() + len(cpu_used) == self.g.num_cpu_blocks, (
-                f"CPU pool: free {self.m.num_free_cpu_blocks()} + used {len(cpu_used)} != {self.g.num_cpu_blocks}")
+            used, free = sum(c > 0 for c in counts), self.m.num_free_blocks()
+            assert free + used == n, f"free {free} + used {used} != pool size {n}"
+            cpu_used, cpu_free = {b for sid in self.swapped for b in tables[sid]}, self.m.num_free_cpu_blocks()
+            assert cpu_free + len(cpu_used) == self.g.num_cpu_blocks, (
+                f"CPU pool: free {cpu_free} + used {len(cpu_used)} != {self.g.num_cpu_blocks}")
 
         @invariant()
         @step
         def data_reads_back(self):
-            if "data" not in checks or not hasattr(self, "m"):
+            if not hasattr(self, "m"):
+                return
+            self.note_evictions()
+            if "data" not in checks:
                 return
             assert not self.storage.violations, self.storage.violations[0]
             for sid, tokens in self.shadow.items():
                 pool = self.storage.cpu if self.m.is_swapped(sid) else self.storage.gpu
-                table = self.table(sid)
+                table, want = self.m.block_table(sid), self.kv_ids(sid)
                 for i in range(len(tokens)):
-                    got, want = pool[table[i // self.B]][i % self.B], tuple(tokens[:i + 1])
-                    assert got == want, (f"sequence {sid} reads token {i} through block {table[i // self.B]} "
-                                         f"as the KV of {got}, expected {want}")
+                    got = pool[table[i // self.B]][i % self.B]
+                    assert got == want[i], (f"sequence {sid} reads token {i} through block {table[i // self.B]} "
+                                            f"as the KV of {self.prefixes.shown(got)}, expected "
+                                            f"{self.prefixes.shown(want[i])}")
+
+        def note_evictions(self):
+            """Full blocks overwritten since the last step whose prefix is no longer found: evicted (for events)."""
+            for node in self.storage.overwritten - self.evicted:
+                tokens = self.prefixes.tokens(node)
+                if self.m.lookup_prefix(tokens) < len(tokens):
+                    self.evicted.add(node)
+                    self.situation("prefix: a cached block evicted")
+            self.storage.overwritten.clear()
+
+        def replay(self):
+            """The accepted calls on a fresh manager, none of the calls that raised: the same results and storage
+            calls, or a call that raised (or a query) changed hidden state (the contract's determinism)."""
+            storage = RecordingStorage()
+            twin = open_manager(impl, self.g.num_blocks, self.B, storage, num_cpu_blocks=self.g.num_cpu_blocks,
+                                timed=False)
+            for k, (method, args, out, made) in enumerate(self.accepted):
+                start = len(storage.trace)
+                try:
+                    got = getattr(twin, method)(*(list(a) if isinstance(a, list) else a for a in args))
+                except Exception as exc:  # noqa: BLE001 - reported as the divergence it is
+                    got = f"{type(exc).__name__}: {exc}"
+                again = tuple(storage.trace[start:])
+                assert (got, again) == (out, made), (
+                    f"the {k + 1}th accepted call {method}{args} returned {out!r} with storage calls {list(made)[:8]}; "
+                    f"on a fresh manager given only the accepted calls it returned {got!r} with {list(again)[:8]}: "
+                    f"a call that raised ({'; '.join(self.raised[-4:])}) or a query changed the manager")
 
         def teardown(self):
-            if "bookkeeping" not in checks or not hasattr(self, "m") or self.failed:
-                return
+            if hasattr(self, "seen") and currently_in_test_context():
+                target(float(len(self.seen)), label="situations reached")  # steers generation toward rich programs
+            if "bookkeeping" in checks and hasattr(self, "m") and not self.failed:
+                guarded_batch(impl, self.pool_whole_at_end)
+
+        def pool_whole_at_end(self):
+            if self.raised:
+                self.replay()
             for sid in list(self.shadow):
                 self.m.free(sid)
             n = self.g.num_blocks
@@ -381,46 +729,85 @@ PINNED = {
         ("allocate", [0]), ("swap_out", 1), ("allocate", [1]), ("free", 2), ("swap_in", 1)]),
     # append's out-of-blocks check forgetting that copy-on-write takes a block
     "append_oob_ignores_cow": (PoolGeometry(2, 1, 0), [("allocate", [0]), ("fork", 1, []), ("append", 1, [1])]),
+    # swapped blocks restored in CPU-id order: two one-block sequences swapped out and back in the same order return
+    # their CPU blocks so that the next swap_out of two blocks takes them in descending id order
+    "swap_in_id_order": (PoolGeometry(1, 4, 4), [
+        ("allocate", [0]), ("allocate", [1]), ("swap_out", 1), ("swap_out", 2), ("swap_in", 1), ("swap_in", 2),
+        ("allocate", [2, 3]), ("swap_out", 3), ("swap_in", 3)]),
+    # a swap_in that runs out with one idle cached block free, evicting it before giving up
+    "swap_in_oob_evicts": (PoolGeometry(1, 2, 2), [
+        ("allocate", [0, 1]), ("swap_out", 1), ("allocate", [2]), ("swap_in", 1)]),
     # allocate's capacity check counting a cached prefix held by a live sequence as new blocks (vLLM v0)
     "oob_ignores_hits": (PoolGeometry(2, 3, 0), [("allocate", [0, 0]), ("allocate", [1, 1]), ("allocate", [0, 0, 2])]),
 }
 
 
+def run_program(impl: Impl, geometry: PoolGeometry, program, checks=frozenset({"bookkeeping", "data"})) -> None:
+    """One program, step by step (``("allocate", tokens)``, ``("append", sid, tokens)``, ...: the machine's do_*),
+    every invariant after every step, and the teardown's checks."""
+    machine = machine_for(impl, checks)()
+    try:
+        machine.build(geometry)
+        for op, *args in program:
+            getattr(machine, f"do_{op}")(*args)
+            machine.bookkeeping()
+            machine.data_reads_back()
+    except BaseException:
+        machine.failed = True
+        raise
+    finally:
+        machine.teardown()
+
+
 def replay_pinned(impl: Impl, checks: frozenset[str]) -> None:
-    machine_class = machine_for(impl, checks)
     for name, (geometry, program) in PINNED.items():
-        machine = machine_class()
         try:
-            machine.build(geometry)
-            for op, *args in program:
-                getattr(machine, f"do_{op}")(*args)
-                machine.bookkeeping()
-                machine.data_reads_back()
+            run_program(impl, geometry, program, checks)
         except BaseException as exc:
-            machine.failed = True
             exc.add_note(f"pinned program {name!r} on {geometry}: {program}")
             raise
-        finally:
-            machine.teardown()
 
 
 def run_machine(impl: Impl, checks: frozenset[str]) -> None:
-    """Replay the pinned programs, then run under the loaded profile, minus the explain phase: on a failing machine
-    it replays the whole program once per step and took ~55 s of the ~57 s a kill cost (shrinking itself: ~1 s)."""
+    """Replay the pinned programs, then run under the loaded profile, minus the explain phase (on a failing machine
+    it replays the whole program once per step: ~55 s of a ~57 s kill), shrinking one failure only (a wrong manager
+    fails several invariants, and shrinking each took a kill from ~20 s to ~700 s)."""
     replay_pinned(impl, checks)
     profile = settings.default
-    run_state_machine_as_test(machine_for(impl, checks),
-                              settings=settings(profile, phases=[p for p in profile.phases if p != Phase.explain]))
+    run_state_machine_as_test(machine_for(impl, checks), settings=settings(
+        profile, phases=[p for p in profile.phases if p != Phase.explain], report_multiple_bugs=False))
 
 
 def test_machine_bookkeeping(impl):
-    """Pool conservation, reference counts = block-table entries, declared out-of-memory, pool whole at the end."""
+    """Pool conservation, reference counts = block-table entries, declared out-of-memory, nothing changed by a call
+    that raises (the later calls replayed without it), pool whole at the end."""
     run_machine(impl, frozenset({"bookkeeping"}))
 
 
 def test_machine_data(impl):
     """Every live sequence reads its own tokens' KV through its block table; no write lands in a shared block."""
     run_machine(impl, frozenset({"data"}))
+
+
+LARGE_TABLES = (257, 513, 1025)  # just past 2**8, 2**9, 2**10 blocks: a table or a block id kept in fixed width wraps
+
+
+def test_large_tables(impl):
+    """Tables of 258, 514 and 1,026 blocks (block size 2) in pools of twice that: a prompt, a second one hitting all
+    but two of its blocks and diverging, a fork appending, a swap out and in of the whole table, an append across
+    a block boundary, everything freed, the prompt allocated again from the cache -- both machines' checks after
+    every step (the block ids and tables the state machine's pools of <= 12 blocks never reach)."""
+    B = 2
+    for T in LARGE_TABLES:
+        prompt = [(i * i + i // 7) % TOKEN_ALPHABET for i in range(T * B + 1)]  # T full blocks, one partial
+        diverged = prompt[:(T - 2) * B] + [(prompt[(T - 2) * B] + 1) % TOKEN_ALPHABET]
+        program = [("allocate", prompt), ("allocate", diverged), ("fork", 1, [0]), ("swap_out", 1), ("swap_in", 1),
+                   ("append", 1, [1, 2]), ("free", 2), ("free", 3), ("free", 1), ("allocate", prompt + [0, 1])]
+        try:
+            run_program(impl, PoolGeometry(B, 2 * T + 8, T + 2), program)
+        except BaseException as exc:
+            exc.add_note(f"a table of {T + 1} blocks")
+            raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,25 +829,28 @@ def test_shared_prompt_copy_on_write(impl):
 
 
 def test_waste_per_request_is_half_a_block(impl):
-    """Block sizes 1, 16, 256 over lengths covering every residue mod 256 equally: the mean waste (allocated
-    minus stored slots) is exactly (block - 1) / 2 tokens per request."""
+    """Block sizes 1, 16, 256, each over requests of 2B + 1 .. 3B tokens (every residue mod B once, three blocks
+    each): the mean waste (allocated minus stored slots) is exactly (block - 1) / 2 tokens per request."""
     for block_size in (1, 16, 256):
-        waste = block_size_waste(impl, block_size, lengths=range(1000, 1256))
+        waste = block_size_waste(impl, block_size, lengths=range(2 * block_size + 1, 3 * block_size + 1))
         assert waste == (block_size - 1) / 2, f"block {block_size}: mean waste {waste} tokens per request"
 
 
 @example(EvictionProgram(2, 1, (("use", 0), ("use", 1), ("use", 2), ("use", 0), ("use", 1))))  # evicts the MRU
 @example(EvictionProgram(2, 1, (("use", 0), ("use", 1), ("lookup", 0), ("use", 2), ("use", 1))))  # lookup touches
+@example(EvictionProgram(2, 1, (("use", 0), ("use", 1), ("too_big", 0), ("use", 2), ("use", 1))))  # a refused
+@example(EvictionProgram(3, 1, (("hold", 0), ("use", 1), ("swap", 0), ("use", 2), ("use", 3))))  # swap_out releases
 @given(program=eviction_programs())
 def test_evicts_least_recently_used(impl, program):
-    """Idle cached blocks are evicted least recently used first, and lookup_prefix changes nothing: on distinct
-    one-block prompts, whether each allocate and lookup finds its prompt cached follows from a shadow LRU list.
-    After every step every prompt is looked up (in a fixed order, which a lookup that moves blocks would impose)."""
+    """Idle cached blocks are evicted least recently used first, swap_out releases a block as free does, and neither
+    lookup_prefix nor an allocate that runs out changes the order: on distinct one-block prompts, whether each
+    allocate and lookup finds its prompt cached follows from a shadow LRU list.  After every step every prompt is
+    looked up (in a fixed order, which a lookup that moves blocks would impose)."""
     B = program.block_size
-    m = open_manager(impl, program.num_blocks, B, NullStorage())
+    m = open_manager(impl, program.num_blocks, B, NullStorage(), num_cpu_blocks=len(program.steps))
     idle: list[int] = []  # prompts whose block is cached and idle, least recently used first
     evicted: list[int] = []
-    refs = collections.Counter()  # prompt -> live sequences holding it
+    refs = collections.Counter()  # prompt -> live resident sequences holding it
     never_used = program.num_blocks  # blocks that never held a prompt: taken before a cached block is evicted
     held: list[tuple[int, int]] = []  # (sequence, prompt)
     done: list[tuple[str, int]] = []
@@ -468,9 +858,10 @@ def test_evicts_least_recently_used(impl, program):
     def expect(what, got, prompt):
         want = B if refs[prompt] or prompt in idle else 0
         assert got == want, (f"after {done}, each step followed by a lookup_prefix of every prompt: {what} found "
-                             f"{got} tokens cached, expected {want}: idle cached blocks "
-                             f"are evicted least recently used first and lookup_prefix changes nothing, so the "
-                             f"cached idle prompts are {idle} (least recently used first), evicted {evicted}")
+                             f"{got} tokens cached, expected {want}: idle cached blocks are evicted least recently "
+                             f"used first (swap_out releasing as free does), and neither lookup_prefix nor an "
+                             f"allocate raising OutOfBlocks changes the order, so the cached idle prompts are {idle} "
+                             f"(least recently used first), evicted {evicted}")
 
     def allocate(prompt):
         nonlocal never_used
@@ -486,8 +877,7 @@ def test_evicts_least_recently_used(impl, program):
         refs[prompt] += 1
         return sid, prompt
 
-    def free(sid, prompt):
-        m.free(sid)
+    def release(prompt):
         refs[prompt] -= 1
         if not refs[prompt]:
             idle.append(prompt)
@@ -497,27 +887,38 @@ def test_evicts_least_recently_used(impl, program):
         if kind == "lookup":
             expect(f"lookup_prefix({[x] * B})", m.lookup_prefix([x] * B), x)
         elif kind == "use":
-            free(*allocate(x))
+            sid, prompt = allocate(x)
+            m.free(sid)
+            release(prompt)
         elif kind == "hold":
             held.append(allocate(x))
+        elif kind == "too_big":  # its first block is prompt x's; the rest, a token no prompt uses, overflows the pool
+            with pytest.raises(OutOfBlocks):
+                m.allocate(len(done), [x] * B + [program.num_prompts] * (program.num_blocks * B))
         else:
-            free(*held.pop(x))
+            sid, prompt = held.pop(x)
+            (m.free if kind == "free" else m.swap_out)(sid)
+            release(prompt)
         for prompt in range(program.num_prompts):
             expect(f"lookup_prefix({[prompt] * B})", m.lookup_prefix([prompt] * B), prompt)
 
 
 def test_rejects_bad_input(impl):
-    """Bad geometry, unknown or duplicate sequence ids, and calls that need a resident sequence on a swapped-out
-    one (or swap_in on a resident one) raise errors naming the argument, and change nothing."""
+    """Bad geometry (a pool past MAX_BLOCKS: rejected naming the argument and the limit, or handled lazily), unknown
+    or duplicate sequence ids, and calls that need a resident sequence on a swapped-out one (or swap_in on a resident
+    one) raise errors naming the argument, and change nothing.  (The state machine makes such calls at every point
+    of its programs and checks every observable.)"""
     for args, name in (((0, 0), "block_size"), ((-1, 4), "num_blocks")):
         assert_rejected(impl, f"{name} out of range", *args, NullStorage(), names=(name,))
+    for name, args, kwargs in (("num_blocks", (10**10, 4), {}), ("num_cpu_blocks", (4, 4), {"num_cpu_blocks": 10**10})):
+        huge_pool(impl, name, args, kwargs)
     m = open_manager(impl, 4, 2, NullStorage())
     m.allocate(1, [1, 2, 3])
     for call, name in ((lambda: m.allocate(1, [1]), "seq_id"), (lambda: m.allocate(2, []), "tokens"),
                        (lambda: m.fork(1, 1), "child_id"), (lambda: m.append(7, 1), "seq_id"),
                        (lambda: m.append(1, 2.5), "token"), (lambda: m.allocate(3, [1, "a"]), "tokens"),
                        (lambda: m.ref_count(-1), "block"), (lambda: m.ref_count(4), "block")):
-        with pytest.raises((ValueError, KeyError), match=rf"\b{name}\b"):  # the argument as a word
+        with pytest.raises((ValueError, TypeError, KeyError), match=rf"\b{name}\b"):  # the argument as a word
             call()
     assert m.num_tokens(1) == 3, "a rejected append changed the sequence"
 
@@ -536,3 +937,34 @@ def test_rejects_bad_input(impl):
         "a rejected call changed the pools or the block tables")
     with pytest.raises((ValueError, KeyError), match=r"\bseq_id\b"):
         m.num_tokens(3)  # the rejected fork made no child
+
+
+def huge_pool(impl: Impl, name: str, args: tuple, kwargs: dict) -> None:
+    """A pool of 10**10 blocks: a ValueError/TypeError naming ``name`` and MAX_BLOCKS, or a manager that works at
+    that size (one whose set-up is linear in the pool runs past the per-call limit: a hang verdict)."""
+    case = f"a pool of 10**10 blocks ({name})"
+    try:
+        m = guarded_call(impl.fn, *args, NullStorage(), timeout_s=call_limit(impl), hang_owner=impl.fn, **kwargs)
+    except ContractViolation as exc:
+        cause = exc.__cause__
+        assert isinstance(cause, ValueError | TypeError), f"{impl.name} ({case}): {exc}, not a ValueError/TypeError"
+        assert names_argument(str(cause), name), f"{impl.name} ({case}): '{cause}' does not name {name}"
+        assert str(MAX_BLOCKS) in str(cause) or "2**20" in str(cause), (
+            f"{impl.name} ({case}): '{cause}' does not state the limit MAX_BLOCKS = 2**20 = {MAX_BLOCKS}")
+        return
+    del m  # built in time: handled lazily, so it must work at that size
+    lazy = open_manager(impl, *args, NullStorage(), **kwargs)
+    num_blocks, num_cpu_blocks = args[0], kwargs.get("num_cpu_blocks", 0)
+    assert (lazy.num_free_blocks(), lazy.num_free_cpu_blocks()) == (num_blocks, num_cpu_blocks), (
+        f"{impl.name} ({case}): free counts {lazy.num_free_blocks(), lazy.num_free_cpu_blocks()}")
+    lazy.allocate(1, [0] * 9)  # three blocks of 4
+    if num_cpu_blocks:
+        lazy.swap_out(1)
+        assert lazy.num_free_cpu_blocks() == num_cpu_blocks - 3, f"{impl.name} ({case}): swap_out of 3 blocks"
+        lazy.swap_in(1)
+    assert lazy.num_free_blocks() == num_blocks - 3, f"{impl.name} ({case}): {lazy.num_free_blocks()} free holding 3"
+    assert lazy.ref_count(num_blocks - 1) in (0, 1), f"{impl.name} ({case}): the last block's count"
+
+
+test_machine_bookkeeping.is_hypothesis_test = True
+test_machine_data.is_hypothesis_test = True

@@ -39,11 +39,17 @@ and ``storage.swap_in(cpu, gpu)`` move a block between the pools.  The manager m
 the tokens it did not take from the cache, and never into a block whose count exceeds one.
 
 Running out of blocks (GPU pool on allocate/append/swap_in, CPU pool on swap_out) raises
-`OutOfBlocks` and leaves the manager exactly as it was; a call raises it only when it needs more blocks
-than are free (cache hits on blocks in use need none, hits on idle cached blocks take theirs).  Bad
-arguments raise ValueError/KeyError naming the argument; append, fork and swap_out of a swapped-out
-sequence, and swap_in of a resident one, raise ValueError naming seq_id (for fork parent_id, or seq_id)
-and change nothing.
+`OutOfBlocks`; a call raises it only when it needs more blocks than are free (cache hits on blocks in use need
+none, hits on idle cached blocks take theirs).  Bad arguments raise ValueError, TypeError or KeyError naming the
+argument; append, fork and swap_out of a swapped-out sequence, and swap_in of a resident one, raise ValueError
+naming seq_id (for fork parent_id, or seq_id).  A call that raises leaves the manager exactly as it was, hidden
+state included, and makes no storage call: every query answers as before, and the calls that follow behave as
+they would have without it.  A manager is deterministic: the same calls on a fresh manager make the same
+storage calls and return the same values (a failing program replays; the serving simulator's runs repeat).
+
+Pools hold at most MAX_BLOCKS blocks each (num_blocks, num_cpu_blocks); a larger one is rejected with a
+ValueError naming the argument and the limit, unless the manager handles it lazily, in time and memory
+independent of the pool size.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ BLOCK_MANAGER = define(
         caps=BlockManagerCaps,
     )
 )
+
+MAX_BLOCKS = 2**20  # a 141 GB H200 holds ~70,000 blocks of 16 Llama-3-8B tokens (2 MiB each): 15x headroom
 
 METHODS = ("allocate", "append", "fork", "free", "lookup_prefix", "swap_out", "swap_in", "block_table",
            "is_swapped", "num_tokens", "ref_count", "num_free_blocks", "num_free_cpu_blocks")
@@ -119,11 +127,13 @@ class CountingStorage(NullStorage):
 
 
 def check_geometry(num_blocks: Any, block_size: Any, num_cpu_blocks: Any) -> None:
-    """Validate the factory's arguments; raises ValueError naming the argument."""
-    for name, value, low in (("num_blocks", num_blocks, 0), ("block_size", block_size, 1),
-                             ("num_cpu_blocks", num_cpu_blocks, 0)):
+    """Validate the factory's arguments; raises ValueError naming the argument (and the limit of a pool)."""
+    for name, value, low, high in (("num_blocks", num_blocks, 0, MAX_BLOCKS), ("block_size", block_size, 1, None),
+                                   ("num_cpu_blocks", num_cpu_blocks, 0, MAX_BLOCKS)):
         if not is_int(value) or value < low:
             raise ValueError(f"block manager: {name} must be an int >= {low}, got {value!r}")
+        if high is not None and value > high:
+            raise ValueError(f"block manager: {name} must be at most MAX_BLOCKS = 2**20 = {high}, got {value!r}")
 
 
 def check_tokens(tokens: Any) -> list[int]:
@@ -151,8 +161,8 @@ def is_int(value: Any) -> bool:
 def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, num_cpu_blocks: int = 0,
                  timed: bool = True):
     """Build a manager from an implementation and check it offers every method of the contract.  ``timed``:
-    each call under the per-call limit (a thread per call; the serving simulator, which times the
-    scheduler, passes False)."""
+    each call guarded (per-call limit, global state left alone); a caller making many cheap calls passes False
+    and guards its batches with `guarded_batch` (the serving simulator, which times the scheduler, does neither)."""
     try:
         manager = impl.fn(num_blocks, block_size, storage, num_cpu_blocks=num_cpu_blocks)
     except Exception as exc:
@@ -163,10 +173,22 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
     return TimedManager(impl, manager) if timed else manager
 
 
+def guarded_batch(impl: Impl, fn: Any) -> Any:
+    """``fn()`` -- a batch of direct calls on an untimed manager (a state machine's step) -- under one guard: the
+    per-call limit for the whole batch, global state compared around it.  A guard costs ~0.3 ms, ~50x a query,
+    and a state machine makes ~10^5 calls.  What ``fn`` raises reaches the caller unchanged."""
+    try:
+        return guarded_call(fn, timeout_s=call_limit(impl), hang_owner=impl.fn)
+    except ContractViolation as exc:
+        if isinstance(exc.__cause__, Exception):
+            raise exc.__cause__ from None
+        raise
+
+
 class TimedManager:
-    """The manager, each contract method called under the implementation's per-call time limit: a hang
-    is a verdict at once ("hung: ..."), not the whole process's limit.  What a method raises (OutOfBlocks,
-    ValueError, KeyError) reaches the caller unchanged."""
+    """The manager, each contract method called through `guarded_call`: a hang is a verdict at once
+    ("hung: ..."), not the whole process's limit; global state (RNGs, torch settings) is compared around every
+    call.  What a method raises (OutOfBlocks, ValueError, KeyError) reaches the caller unchanged."""
 
     def __init__(self, impl: Impl, manager: Any):
         self._impl, self._manager = impl, manager

@@ -18,28 +18,40 @@ class PoolGeometry:
 
 def pool_geometries() -> st.SearchStrategy[PoolGeometry]:
     """Pools of 2-12 blocks (a prompt takes at most 5), so that sequences fit, share blocks, run out, evict and
-    reuse evicted blocks; one pool in eight has 0 or 1 block, where nearly every request runs out."""
+    reuse evicted blocks; one pool in eight has 0 or 1 block, where nearly every request runs out; CPU pools of
+    0-12 blocks drawn uniformly from seven sizes (integers() favours the small ones, where multi-block swaps of several
+    sequences never fit)."""
     num_blocks = st.sampled_from([False] * 7 + [True]).flatmap(
         lambda tiny: st.integers(0, 1) if tiny else st.integers(2, 12))
-    return st.builds(PoolGeometry, st.sampled_from([1, 2, 3, 4]), num_blocks, st.integers(0, 6))
+    return st.builds(PoolGeometry, st.sampled_from([1, 2, 3, 4]), num_blocks, st.sampled_from([0, 1, 2, 4, 6, 8, 12]))
 
 
-def token_lists(block_size: int, min_size: int = 1) -> st.SearchStrategy[list[int]]:
-    return st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=min_size, max_size=4 * block_size + 1)
+def token_lists(block_size: int, min_size: int = 1, max_size: int | None = None) -> st.SearchStrategy[list[int]]:
+    """Up to four blocks and a token (or ``max_size``) of tokens."""
+    return st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=min_size,
+                    max_size=4 * block_size + 1 if max_size is None else max_size)
 
 
 @st.composite
 def prompts(draw: st.DrawFn, history: list[list[int]], block_size: int) -> list[int]:
     """A prompt: fresh; a prefix of one of ``history`` (earlier prompts, live sequences' tokens after appends and
-    forks) cut mostly at a block boundary, plus new tokens; or one of ``history`` with one token of its first
-    block changed -- equal later blocks under another prefix."""
-    kind = draw(st.sampled_from(["fresh", "shared_prefix", "other_prefix"] if history else ["fresh"]))
+    forks) cut mostly at a block boundary, plus new tokens; one of ``history`` with one token of its first block
+    changed -- equal later blocks under another prefix; or one of ``history`` with two of its tokens swapped, in
+    one block or across blocks -- the same tokens in another order, which an additive, XOR-chained or otherwise
+    order-blind block hash cannot tell apart."""
+    kind = draw(st.sampled_from(["fresh", "shared_prefix", "other_prefix", "permuted"] if history else ["fresh"]))
     if kind == "fresh":
         return draw(token_lists(block_size))
     base = draw(st.sampled_from(list(history)))
     if kind == "shared_prefix":
         cut = draw(st.one_of(st.sampled_from(range(0, len(base) + 1, block_size)), st.integers(0, len(base))))
         return base[:cut] + draw(token_lists(block_size, min_size=0 if cut else 1))
+    if kind == "permuted" and len(set(base)) > 1:
+        i = draw(st.integers(0, len(base) - 1))
+        k = draw(st.sampled_from([k for k in range(len(base)) if base[k] != base[i]]))
+        swapped = list(base)
+        swapped[i], swapped[k] = base[k], base[i]
+        return swapped
     j = draw(st.integers(0, min(block_size, len(base)) - 1))
     return [*base[:j], (base[j] + 1) % TOKEN_ALPHABET, *base[j + 1:]]
 
@@ -61,7 +73,9 @@ def appended_tokens(draw: st.DrawFn, current: list[int], sources: list[list[int]
 class EvictionProgram:
     """Steps on one-block prompts, prompt p = [p] * block_size (distinct p: distinct blocks):
     ("use", p) allocate and free at once; ("hold", p) allocate and keep; ("free", i) free the i-th held sequence
-    (in allocation order); ("lookup", p).  At most num_blocks - 1 sequences are held, so every allocate fits."""
+    (in allocation order); ("swap", i) swap it out instead (its GPU block is released as by free);
+    ("lookup", p); ("too_big", p) an allocate of p's block and more blocks than the pool has (OutOfBlocks).  At
+    most num_blocks - 1 sequences are held, so every other allocate fits."""
     num_blocks: int
     block_size: int
     steps: tuple[tuple[str, int], ...]
@@ -77,11 +91,12 @@ def eviction_programs(draw: st.DrawFn) -> EvictionProgram:
     prompt_ids = st.integers(0, num_blocks + 2)  # EvictionProgram.num_prompts of them
     steps, held = [], 0
     for _ in range(draw(st.integers(1, 24))):
-        kinds = ["use", "lookup"] + (["hold"] if held < num_blocks - 1 else []) + (["free"] if held else [])
+        kinds = ["use", "lookup", "too_big"] + (["hold"] if held < num_blocks - 1 else []) + (
+            ["free", "swap"] if held else [])
         kind = draw(st.sampled_from(kinds))
-        if kind == "free":
+        if kind in ("free", "swap"):
             steps.append((kind, draw(st.integers(0, held - 1))))
         else:
             steps.append((kind, draw(prompt_ids)))
-        held += {"hold": 1, "free": -1}.get(kind, 0)
+        held += {"hold": 1, "free": -1, "swap": -1}.get(kind, 0)
     return EvictionProgram(num_blocks, block_size, tuple(steps))
