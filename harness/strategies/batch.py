@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.strategies.attention import AttentionCase, attention_cases
+from harness.strategies.attention import ARGUMENTS, AttentionCase, attention_cases
 from harness.strategies.common import generator, seeds
 from harness.strategies.kvcache import DecodeCase, decode_cases
 from harness.strategies.paged_attention import PagedAttentionCase, paged_attention_cases
@@ -74,7 +74,8 @@ class AttentionBatch:
         """q, k, v (B, ...) with the row at ``at``, laid out as the row is."""
         rows = [dataclasses.replace(self.row, seed=s, magnitude=m).tensors() for s, m in self.others]
         rows.insert(self.at, self.alone())
-        return tuple(self.row.laid_out(torch.cat(t)) for t in zip(*rows, strict=True))
+        return tuple(self.row.laid_out(torch.cat(t), name) for t, name in zip(zip(*rows, strict=True), ARGUMENTS[:3],
+                                                                          strict=True))
 
 
 @st.composite
