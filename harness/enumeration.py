@@ -68,10 +68,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from harness import isolation
 from harness.lm import LM, check_distribution, check_probability
+from harness.progress import progress as progress_bar
 from harness.tolerance import PROBABILITY_SUM
 
 NOTE_AFTER_S = 30.0  # an enumeration running longer prints where its time went
@@ -462,7 +462,7 @@ class _Enumerator:
         self.pool = _Workers(workers, self.task)
         self.rounds: dict[tuple[tuple[int, ...], int], _Round] = {}  # a round state's own runs
         self.table: dict[tuple[tuple[int, ...], int], dict] = {}  # a round state's composed distribution
-        self.bar = tqdm(disable=not progress, unit=" runs", desc="enumerating", mininterval=1.0)
+        self.bar = progress_bar(desc="enumerating", unit="runs", enabled=progress, mininterval=1.0)
         self.runs = self.worker_calls = self.settled = 0
 
     def misses(self) -> int:

@@ -49,14 +49,14 @@ class LineProgress:
 
     def close(self) -> None:
         if self.start is not None:
-            self._line(f"{self.desc}: done, {self._state(time.monotonic())}")
+            self._line(f"{self.desc}: done, {self._state(time.monotonic(), eta=False)}")
             self.start = None
 
-    def _state(self, now: float) -> str:
+    def _state(self, now: float, eta: bool = True) -> str:
         elapsed = now - self.start
         rate = self.n / elapsed if elapsed > 0 else 0.0
         text = f"{self.n}" + (f"/{self.total}" if self.total else "") + f" {self.unit} in {elapsed:.0f} s"
-        if self.total and rate > 0 and self.n < self.total:
+        if eta and self.total and rate > 0 and self.n < self.total:
             text += f", ETA {(self.total - self.n) / rate:.0f} s"
         return text + (f" ({self.postfix})" if self.postfix else "")
 

@@ -64,15 +64,15 @@ def conformance(r: Report) -> None:
 def attention_time(r: Report) -> None:
     import matplotlib.pyplot as plt
     import torch.utils.benchmark as tb
-    from tqdm import tqdm
 
+    from harness.progress import progress
     from harness.registry import impls
 
     names = [i for i in impls("attention") if i.name != "reference" and "cpu" in i.devices and "float32" in i.dtypes]
     Ns = [256, 512, 1024, 2048]
     times: dict[str, list[float]] = {}
     g = torch.Generator().manual_seed(0)
-    for N in tqdm(Ns, desc="attention forward", unit="N"):
+    for N in progress(Ns, desc="attention forward", unit="N"):
         q, k, v = (torch.randn(1, 8, N, 64, generator=g) for _ in range(3))
         for impl in names:
             timer = tb.Timer("f(q, k, v, causal=True)", globals={"f": impl.fn, "q": q, "k": k, "v": v})
@@ -160,9 +160,8 @@ def attention_io(r: Report) -> None:
 
 @section("Attention: forward and backward memory")
 def attention_memory(r: Report) -> None:
-    from tqdm import tqdm
-
     from harness.memory import TensorMemory
+    from harness.progress import progress
     from harness.references.attention import attention_lse64
     from harness.registry import get
 
@@ -170,7 +169,7 @@ def attention_memory(r: Report) -> None:
     backward = get("attention_backward", "naive").fn, get("attention_backward", "fa2_64x64").fn
     rows = []
     g = torch.Generator().manual_seed(0)
-    for N in tqdm([256, 512, 1024, 2048], desc="attention memory", unit="N"):
+    for N in progress([256, 512, 1024, 2048], desc="attention memory", unit="N"):
         q, k, v, do = (torch.randn(1, 8, N, 64, generator=g) for _ in range(4))
         o, lse = (t.float() for t in attention_lse64(q, k, v, causal=True))
         peaks = []

@@ -250,6 +250,6 @@ def simulate(requests: list[Request], policy, *, progress: bool = False, trace: 
 
 
 def _progress(enabled: bool, total: int, name: str):
-    from tqdm import tqdm
+    from harness.progress import progress
 
-    return tqdm(total=total, desc=name, unit="req", disable=not enabled, leave=False)
+    return progress(total=total, desc=name, unit="req", enabled=enabled, leave=False)
