@@ -47,6 +47,7 @@ def default_memory_limit() -> int:
 @dataclass(frozen=True)
 class Limits:
     total_s: float = float(os.environ.get("HARNESS_PER_IMPL_LIMIT_S", "900"))  # a whole job
+    start_s: float | None = None  # until the job's first message (a check: importing and registering the plugin)
     memory_bytes: int = field(default_factory=default_memory_limit)
 
 
@@ -169,6 +170,10 @@ class _Child:
             return self._end(f"stopped: wrote more than {OUTPUT_LIMIT / 2**30:g} GiB of output")
         if now - self.started > self.limits.total_s:
             return self._end(f"hung: exceeded the per-implementation limit of {self.limits.total_s:g} s")
+        start_s = self.limits.start_s
+        if start_s is not None and not self.outcome.events and now - self.started > start_s:
+            return self._end(f"hung: not imported and registered within the import limit of {start_s:g} s "
+                             "(HARNESS_IMPORT_LIMIT_S)")
         if not self.proc.is_alive():
             return self._end(self._death())
         return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -294,6 +295,11 @@ def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progr
     return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
 
 
+# Importing a plugin and registering it (torch, transformers, a JIT build) takes seconds; a module that sleeps
+# or blocks at import is stopped here, not at the per-implementation limit of its whole check.
+IMPORT_LIMIT_S = float(os.environ.get("HARNESS_IMPORT_LIMIT_S", "180"))
+
+
 def _run(technique, targets, names, jobs, progress, limits, job, profile) -> list[ImplResult]:
     results = {t: ImplResult(t) for t in targets}
 
@@ -311,6 +317,7 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
         elif kind == "note":
             progress.note(target, payload)
 
+    limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S)
     outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
                                  on_tick=progress.tick)
     for target, outcome in outcomes.items():

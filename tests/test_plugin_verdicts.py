@@ -118,13 +118,14 @@ def test_a_grandchild_does_not_keep_the_pipe_open(tmp_path):
 @pytest.mark.parametrize("module, says", [
     ("import_exits.py", "crashed: the checking process died with exit code 7 (while importing and registering it)"),
     ("import_segfaults.py", "crashed: the checking process was killed by signal SIGSEGV (while importing"),
-    ("import_sleeps.py", "hung: exceeded the per-implementation limit of 20 s (while importing"),
+    ("import_sleeps.py", "hung: not imported and registered within the import limit of 10 s (HARNESS_IMPORT_LIMIT_S) "
+                         "(while importing"),
 ])
 def test_a_plugin_that_misbehaves_at_import_gets_a_verdict_and_a_json(module, says, tmp_path):
     """The plugin is imported only in its checking process: the harness reports, writes its JSON, checks the
     others and exits 1."""
     specs = [f"{IMPORTS / module}:attention", f"{PLUGINS}:correct"]
-    verdicts, _ = check("attention", specs, "matches_reference", tmp_path, env={"HARNESS_PER_IMPL_LIMIT_S": "20"})
+    verdicts, _ = check("attention", specs, "matches_reference", tmp_path, env={"HARNESS_IMPORT_LIMIT_S": "10"})
     assert says in verdicts[specs[0]]["message"], verdicts[specs[0]]["message"]
     assert verdicts[specs[1]]["status"] == "pass"
 
