@@ -11,7 +11,8 @@ first argument), ``setup(*params)``, the benchmark, ``teardown(*params)``; NotIm
 a skip.  A ``time_`` sample is the mean seconds per call over a block of calls lasting at least SAMPLE_S (the
 block's size fixed at setup), a ``track_`` sample is one call's value.
 
-Requests: {"op": "setup", "name": N, "params": [...]} -> {"ok": true} | {"skip": why} | {"error": why};
+Requests: {"op": "setup", "name": N, "params": [...], "number": calls per time_ sample (default: sized here)}
+-> {"ok": true, "number": n, "unit": u} | {"skip": why} | {"error": why};
 {"op": "sample"} -> {"value": v, "seconds": s}; {"op": "teardown"}; {"op": "exit"};
 {"op": "list", "pattern": REGEX} -> {"cases": [[name, params], ...]}, matched as asv matches --bench:
 against ``name`` and ``name(param, ...)`` with each parameter's repr.
@@ -74,7 +75,7 @@ def cases(suite: str, pattern: str) -> tuple[list, list]:
 
 
 class Case:
-    def __init__(self, name: str, params: list) -> None:
+    def __init__(self, name: str, params: list, number: int | None = None) -> None:
         module_name, *owner, method = name.split(".")
         self.module = importlib.import_module(f"benchmarks.{module_name}")
         self.owner = getattr(self.module, owner[0])() if owner else None
@@ -88,18 +89,23 @@ class Case:
                 self.args = [self.owner.setup_cache(), *self.params]
             if hasattr(self.owner, "setup"):
                 self.owner.setup(*self.args)
-        if self.kind == "time":
+        if self.kind == "time" and number:
+            self.fn(*self.args)  # warm-up
+            self.number = number
+        elif self.kind == "time":
             start = time.perf_counter()
             self.fn(*self.args)  # warm-up; its duration sizes the block
             self.number = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-9)))
 
-    def sample(self) -> float:
+    def sample(self) -> tuple[float, float]:
+        """(the value, the process's CPU seconds per call); a time_ value is wall seconds per call."""
         if self.kind != "time":
-            return float(self.fn(*self.args))
-        start = time.perf_counter()
+            cpu = time.process_time()
+            return float(self.fn(*self.args)), time.process_time() - cpu
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(self.number):
             self.fn(*self.args)
-        return (time.perf_counter() - start) / self.number
+        return (time.perf_counter() - start) / self.number, (time.process_time() - cpu) / self.number
 
     def teardown(self) -> None:
         if self.owner is not None and hasattr(self.owner, "teardown"):
@@ -118,15 +124,15 @@ def serve(suite: str, reply) -> None:
                     case.teardown()
                 case = None
                 try:
-                    case = Case(request["name"], request["params"])
+                    case = Case(request["name"], request["params"], request.get("number"))
                     answer = {"ok": True, "number": case.number, "unit": getattr(case.fn, "unit", None),
                               "higher_is_better": getattr(case.fn, "higher_is_better", None)}
                 except NotImplementedError as exc:
                     answer = {"skip": str(exc) or type(exc).__name__}
             elif op == "sample":
                 start = time.perf_counter()
-                value = case.sample()
-                answer = {"value": value, "seconds": time.perf_counter() - start}
+                value, cpu = case.sample()
+                answer = {"value": value, "cpu": cpu, "seconds": time.perf_counter() - start}
             elif op == "list":
                 found, failed = cases(suite, request["pattern"])
                 answer = {"cases": found, "failed": failed}

@@ -47,9 +47,11 @@ from harness import provenance
 ROOT = provenance.ROOT
 ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, reused (git-ignored)
 WORKER = Path(__file__).with_name("benchworker.py")
-ROUNDS = 20
+ROUNDS = 30
+MIN_ROUNDS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
+BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
 CONFIDENCE = 0.99
-MIN_EFFECT = 0.03
+MIN_EFFECT = 0.05
 NOISY = 0.10
 WORSE = ("slower", "worse")
 HIGHER_IS_BETTER = {"GFLOP/s", "TFLOP/s", "GB/s", "speedup", "x", "tokens/call", "fraction", "a", "requests"}
@@ -84,6 +86,7 @@ class Result:
     params: tuple
     kind: str = "time"
     unit: str | None = None
+    clock: str = "cpu"
     verdict: str = "skipped"
     ratio: float = math.nan  # HEAD / BASE (B / A)
     low: float = math.nan
@@ -210,29 +213,37 @@ class Worker:
         self.close()
 
 
-def measure(a: Worker, b: Worker, case_a: tuple[str, tuple], case_b: tuple[str, tuple],
-            rounds: int = ROUNDS) -> Result:
-    """Set up case_a in worker a and case_b in b, then ``rounds`` rounds of one sample each, the order flipped
-    every round; the result holds B / A."""
+def measure(a: Worker, b: Worker, case_a: tuple[str, tuple], case_b: tuple[str, tuple], rounds: int = ROUNDS,
+            budget_s: float = BUDGET_S, clock: str = "cpu") -> Result:
+    """Set up case_a in worker a and case_b in b, then ``rounds`` rounds of one sample each (fewer, down to
+    MIN_ROUNDS, where a round takes more than budget_s / rounds), the order flipped every round; the result
+    holds B / A.  A time_ case is read in ``clock`` seconds per call ("cpu": the worker's CPU time, which
+    other processes' slices do not inflate; "wall"; a cuda case always in wall seconds), both sides calling
+    it the same number of times per sample."""
     started = time.perf_counter()
     name, params = case_b
     r = Result(name, params, kind=name.rsplit(".", 1)[-1].split("_", 1)[0])
-    answers = [w.ask("setup", name=c[0], params=list(c[1])) for w, c in ((a, case_a), (b, case_b))]
+    first = a.ask("setup", name=case_a[0], params=list(case_a[1]))
+    answers = [first, b.ask("setup", name=name, params=list(params), number=first.get("number"))]
     problem = next((x.get("skip") or x.get("error") for x in answers if not x.get("ok")), None)
-    if problem is None:
-        r.unit = answers[1].get("unit")
-        for i in range(rounds):
-            for side in ((a, r.a), (b, r.b)) if i % 2 == 0 else ((b, r.b), (a, r.a)):
-                answer = side[0].ask("sample")
-                if "error" in answer:
-                    problem = answer["error"]
-                    break
-                side[1].append(answer["value"])
-            if problem:
+    r.clock = "value" if r.kind != "time" else "wall" if clock == "wall" or "cuda" in params else "cpu"
+    key = "cpu" if r.clock == "cpu" else "value"
+    i = 0
+    while problem is None and i < rounds:
+        round_started = time.perf_counter()
+        for side in ((a, r.a), (b, r.b)) if i % 2 == 0 else ((b, r.b), (a, r.a)):
+            answer = side[0].ask("sample")
+            if "error" in answer:
+                problem = answer["error"]
                 break
+            side[1].append(answer[key])
+        if i == 0:
+            rounds = max(MIN_ROUNDS, min(rounds, int(budget_s / (time.perf_counter() - round_started))))
+        i += 1
     for w in (a, b):
         w.ask("teardown")
     r.seconds = time.perf_counter() - started
+    r.unit = answers[1].get("unit") or ("s" if r.kind == "time" else None)
     if problem:
         r.verdict, r.why = ("skipped" if all(x.get("ok") or "skip" in x for x in answers) else "error"), problem
         return r
@@ -242,7 +253,7 @@ def measure(a: Worker, b: Worker, case_a: tuple[str, tuple], case_b: tuple[str, 
 
 # ------------------------------------------------------------------------------------------ comparisons
 def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, repo: Path = ROOT,
-                    progress=print) -> list[Result]:
+                    clock: str = "cpu", progress=print) -> list[Result]:
     """Every case matching ``bench`` (asv's --bench syntax) at both commits: HEAD / BASE, one Result each."""
     (pa, sa), (pb, sb) = prepare(base, repo), prepare(head, repo)
     with Worker(pa, sa) as a, Worker(pb, sb) as b:
@@ -252,14 +263,14 @@ def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, r
             if case not in at_base:
                 results.append(Result(*case, verdict="new", why="not at BASE"))
                 continue
-            results.append(measure(a, b, case, case, rounds))
+            results.append(measure(a, b, case, case, rounds, clock=clock))
             progress(line(results[-1]))
         results += [Result(*case, verdict="gone", why="not at HEAD") for case in at_base if case not in at_head]
     return results
 
 
 def compare_impls(impl_a: str, impl_b: str, bench: str, *, commit: str = "HEAD", rounds: int = ROUNDS,
-                  repo: Path = ROOT, progress=print) -> list[Result]:
+                  repo: Path = ROOT, clock: str = "cpu", progress=print) -> list[Result]:
     """impl_b / impl_a on one commit: each case naming impl_a paired with the same case naming impl_b."""
     python, src = prepare(commit, repo)
     with Worker(python, src) as a, Worker(python, src) as b:
@@ -270,7 +281,7 @@ def compare_impls(impl_a: str, impl_b: str, bench: str, *, commit: str = "HEAD",
                 continue
             other = (name, tuple(impl_b if p == impl_a else p for p in params))
             if other in cases:
-                results.append(measure(a, b, (name, params), other, rounds))
+                results.append(measure(a, b, (name, params), other, rounds, clock=clock))
                 progress(line(results[-1]))
     return results
 
@@ -349,6 +360,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impls", nargs=2, metavar=("A", "B"), help="instead of two commits: implementation B / A "
                    "on the commit HEAD names")
     p.add_argument("--rounds", type=int, default=ROUNDS, help=f"A/B rounds per case (default {ROUNDS})")
+    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="how time_ cases are read: the "
+                   "worker's CPU seconds (default; load from other processes does not inflate them) or wall seconds")
     p.add_argument("--json", metavar="FILE", help="also write every case's rounds and verdict as JSON")
 
 
@@ -358,10 +371,10 @@ def run(args: argparse.Namespace) -> int:
     bench = args.bench or regex(QUICK)
     if args.impls:
         a, b = args.impls
-        results = compare_impls(a, b, bench, commit=args.head, rounds=args.rounds)
+        results = compare_impls(a, b, bench, commit=args.head, rounds=args.rounds, clock=args.clock)
     else:
         a, b = args.base, args.head
-        results = compare_commits(a, b, bench, rounds=args.rounds)
+        results = compare_commits(a, b, bench, rounds=args.rounds, clock=args.clock)
     print(f"\nmachine {provenance.machine_name()}; {a} vs {b}\n" + table(results, a, b))
     if args.json:
         provenance.write_json(args.json, {"machine": provenance.machine_name(), "a": a, "b": b,
