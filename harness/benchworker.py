@@ -51,9 +51,9 @@ def cases(suite: str, pattern: str) -> tuple[list, list]:
     """([name, params] of every benchmark case in the suite whose name (with its parameters) matches,
     [the modules that failed to import, with why])."""
     found, failed = [], []
-    for path in sorted(os.listdir(suite)):
-        if not (path.startswith("bench_") and path.endswith(".py")):
-            continue
+    files = sorted(p for p in os.listdir(suite) if p.startswith("bench_") and p.endswith(".py"))
+    named = [p for p in files if p[:-3] in pattern]  # a pattern naming modules needs only those imported
+    for path in named or files:
         try:
             module = importlib.import_module(f"benchmarks.{path[:-3]}")
         except Exception as exc:  # noqa: BLE001 - a module this commit cannot import has no cases here
