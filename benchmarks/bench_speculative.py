@@ -6,7 +6,7 @@ Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts fr
 
 import time
 
-from benchmarks.common import DEVICES, require, resolve_device, resolve_impl
+from benchmarks.common import DEVICES, registered, require, resolve_device, resolve_impl
 
 
 def setup(*params):
@@ -21,11 +21,7 @@ SAMPLER = "cached"  # the KV-cached speculative sampler whose speed the wall-clo
 
 def _enumerable() -> list[str]:
     """Registered samplers that draw through an Rng and sample (greedy is deterministic)."""
-    try:
-        from harness.registry import impls
-    except ImportError:  # an older commit without the harness
-        return []
-    return [i.name for i in impls("speculative") if i.caps.rng != "own" and not i.caps.greedy]
+    return [i.name for i in registered("speculative") if i.caps.rng != "own" and not i.caps.greedy]
 
 
 def _models():

@@ -111,6 +111,18 @@ def spread(commits: list[str], n: int) -> list[str]:
     return [commits[round(i * (len(commits) - 1) / (n - 1))] for i in range(n)]
 
 
+def since(names: list[str], branch: str = "main") -> str:
+    """The first commit of ``branch`` whose benchmarks/ defines one of the classes of these benchmarks."""
+    firsts = []
+    for name in names:
+        module, cls = name.split(".")[:2]
+        found = compare.git(ROOT, "log", "--first-parent", "--reverse", "--format=%H", "-S", f"class {cls}", branch,
+                            "--", f"benchmarks/{module}.py").split()
+        firsts += found[:1]
+    order = compare.git(ROOT, "rev-list", "--first-parent", "--reverse", branch).split()
+    return min(firsts, key=order.index) if firsts else order[0]
+
+
 def discover(results: Path) -> dict:
     """asv's benchmarks.json of this checkout's suite (names, parameter grids, versions), into ``results``."""
     with tempfile.TemporaryDirectory(prefix="harness-discover-") as tmp:
@@ -201,7 +213,8 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     head_python, head_src = compare.prepare("HEAD")
     with compare.Worker(head_python, head_src) as w:
         cases = w.cases(bench or quickbench.regex(quickbench.QUICK))
-    commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", branch).split(), n)
+    start = since(sorted({name for name, _ in cases}), branch)
+    commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", f"{start}^..{branch}").split(), n)
     print(f"backfill: {len(cases)} cases x {len(commits)} commits of {branch} into {folder}", flush=True)
     started = time.perf_counter()
     for k, sha in enumerate(commits):
