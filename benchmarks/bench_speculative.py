@@ -80,8 +80,12 @@ class Enumeration:
 
     def setup(self, impl, device):
         from harness.lm import TableLM
-        from harness.strategies.common import generator
-        from harness.strategies.speculative import probability_table
+
+        try:
+            from harness.strategies.common import generator
+            from harness.strategies.speculative import probability_table
+        except ImportError:  # before the strategies became one module per technique (a438844)
+            from harness.strategies import generator, probability_table
 
         self.fn = _enumerable_sampler(impl, device)
         g = generator(0)

@@ -168,11 +168,12 @@ def prepare(commit: str, repo: Path = ROOT) -> tuple[Path, Path]:
 class Worker:
     """One benchmark process of one commit (harness/benchworker.py), answering one JSON line per request."""
 
-    def __init__(self, python: Path, src: Path, suite: Path = ROOT / "benchmarks", limit_s: float = 900) -> None:
+    def __init__(self, python: Path, src: Path, suite: Path = ROOT / "benchmarks", limit_s: float = 900,
+                 script: Path = WORKER) -> None:
         self.limit_s = limit_s
         self.log = tempfile.TemporaryFile(mode="w+")
         boot = f"import runpy, sys; sys.argv = ['benchworker', {str(suite)!r}]; " \
-               f"runpy.run_path({str(WORKER)!r}, run_name='__main__')"
+               f"runpy.run_path({str(script)!r}, run_name='__main__')"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         self.proc = subprocess.Popen([str(python), "-c", boot], cwd=src, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)

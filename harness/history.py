@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -134,16 +135,17 @@ def discover(results: Path) -> dict:
     return json.loads(text)
 
 
-def measure_commit(python: Path, src: Path, cases: list[tuple[str, tuple]]) -> dict[tuple, dict]:
-    """{case: {"samples": [...], "started_at": ms, "duration": s} or {"skip": why}} at one commit; a worker
-    that dies or hangs costs its case only."""
-    out, worker = {}, compare.Worker(python, src, limit_s=600)
+def measure_commit(python: Path, src: Path, cases: list[tuple[str, tuple]], suite: Path) -> dict[tuple, dict]:
+    """{case: {"samples": [...], "started_at": ms, "duration": s} or {"skip": why}} at one commit, with the
+    benchmark suite (and worker) in ``suite``; a worker that dies or hangs costs its case only."""
+    start = lambda: compare.Worker(python, src, suite / "benchmarks", limit_s=600, script=suite / "benchworker.py")
+    out, worker = {}, start()
     for case in cases:
         try:
             out[case] = _measure_case(worker, *case)
         except RuntimeError as exc:
             out[case] = {"skip": str(exc).splitlines()[0]}
-            worker = compare.Worker(python, src, limit_s=600)
+            worker = start()
     worker.close()
     return out
 
@@ -210,8 +212,11 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "machine.json").write_text(json.dumps({**machine, "version": 1}, indent=4) + "\n")
     benchmarks = discover(results)
+    suite = Path(tempfile.mkdtemp(prefix="harness-suite-"))  # the suite as it is now, for every commit
+    shutil.copytree(ROOT / "benchmarks", suite / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(compare.WORKER, suite / "benchworker.py")
     head_python, head_src = compare.prepare("HEAD")
-    with compare.Worker(head_python, head_src) as w:
+    with compare.Worker(head_python, head_src, suite / "benchmarks", script=suite / "benchworker.py") as w:
         cases = w.cases(bench or quickbench.regex(quickbench.QUICK))
     start = since(sorted({name for name, _ in cases}), branch)
     commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", f"{start}^..{branch}").split(), n)
@@ -220,7 +225,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     for k, sha in enumerate(commits):
         t = time.perf_counter()
         try:
-            measured = measure_commit(*compare.prepare(sha), cases)
+            measured = measure_commit(*compare.prepare(sha), cases, suite)
         except RuntimeError as exc:  # a commit whose project does not install
             print(f"  {sha[:8]}: {str(exc).splitlines()[0]}", flush=True)
             continue
@@ -234,6 +239,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
         print(f"  [{k + 1}/{len(commits)}] {sha[:8]}: {ran}/{len(cases)} cases in {time.perf_counter() - t:.0f} s "
               f"(ETA {eta / 60:.0f} min)", flush=True)
     print(f"backfill: {(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    shutil.rmtree(suite, ignore_errors=True)
     return 0
 
 
