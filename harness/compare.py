@@ -333,7 +333,8 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out
     scratch, base, made = copies(fractions)
     for commit in [base, *made.values()]:
         prepare(commit, scratch)
-    tally = {f: {"slower": 0, "faster": 0, "n": 0, "ratios": [], "seconds": []} for f in fractions}
+    tally = {f: {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [], "seconds": []}
+             for f in fractions}
     for k in range(comparisons):
         for f in fractions:
             started = time.perf_counter()
@@ -342,7 +343,9 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out
             t["n"] += 1
             t["slower"] += r.verdict == "slower"
             t["faster"] += r.verdict == "faster"
+            t["verdicts"].append(r.verdict)
             t["ratios"].append(r.ratio)
+            t["intervals"].append([r.low, r.high])
             t["seconds"].append(time.perf_counter() - started)
             print(f"power {k + 1}/{comparisons} +{f:.0%}: {line(r)}  [{time.perf_counter() - started:.1f} s]",
                   flush=True)
