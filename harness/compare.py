@@ -370,7 +370,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.quickbench import QUICK, regex
+    from harness.asvrun import QUICK, regex
 
     bench = args.bench or regex(QUICK)
     if args.impls:

@@ -1,6 +1,6 @@
 """History you can read: the headline benchmarks over main's history, as asv result files, one series per machine.
 
-``backfill`` measures the quick pass's headline cases (harness.quickbench.QUICK) at commits spread over a
+``backfill`` measures the quick pass's headline cases (harness.asvrun.QUICK) at commits spread over a
 branch's first-parent history, each commit in its own worktree and environment with one worker process
 (harness.compare's machinery), and writes results/<machine>/<commit>-<env>.json in asv's format, so
 ``asv publish`` draws lines across commits.  Each case is set up by its parameter *values*: asv would pass a
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import compare, provenance, quickbench
+from harness import asvrun, compare, provenance
 
 ROOT = provenance.ROOT
 RESULTS = ROOT / "results"
@@ -127,7 +127,7 @@ def since(names: list[str], branch: str = "main") -> str:
 def discover(results: Path) -> dict:
     """asv's benchmarks.json of this checkout's suite (names, parameter grids, versions), into ``results``."""
     with tempfile.TemporaryDirectory(prefix="harness-discover-") as tmp:
-        quickbench.asv(["run", "--quick", "--python=same", "--dry-run", "--set-commit-hash",
+        asvrun.asv(["run", "--quick", "--python=same", "--dry-run", "--set-commit-hash",
                         compare.git(ROOT, "rev-parse", "HEAD"), "--bench", "^no benchmark is called this$"],
                        results=Path(tmp))
         text = (Path(tmp) / "benchmarks.json").read_text()
@@ -217,7 +217,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     shutil.copy(compare.WORKER, suite / "benchworker.py")
     head_python, head_src = compare.prepare("HEAD")
     with compare.Worker(head_python, head_src, suite / "benchmarks", script=suite / "benchworker.py") as w:
-        cases = w.cases(bench or quickbench.regex(quickbench.QUICK))
+        cases = w.cases(bench or asvrun.regex(asvrun.QUICK))
     start = since(sorted({name for name, _ in cases}), branch)
     commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", f"{start}^..{branch}").split(), n)
     print(f"backfill: {len(cases)} cases x {len(commits)} commits of {branch} into {folder}", flush=True)

@@ -21,7 +21,7 @@ from harness.dashboard import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 TECHNIQUE_FILES = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
-GRAPH = "bench_paging.ServingSimulator.track_utilization"
+GRAPH = "bench_attention.SdpaRatio.track_best_tiled_over_sdpa"  # a headline ratio, backfilled over main's history
 
 
 def _ensure_chromium() -> tuple[str, str]:
@@ -98,10 +98,31 @@ def test_every_technique_is_listed(html, server, browser):
         f"{m}: {sorted(set(n))[:8]}" for m, n in listed.items())
 
 
-def test_a_graph_shows_data_points(html, server, browser):
+def test_a_graph_shows_a_line_across_commits_with_its_legend_beside_it(html, server, browser):
+    """The headline graph has a series with points at many commits (the history backfill), and the legend sits
+    in its own column: no legend box overlaps the plot."""
     browser.get(f"{server}#{GRAPH}")
     points = _wait(browser, "var p = $('#main-graph').data('plot'); if (!p) return null;"
-                            "var n = 0; p.getData().forEach(function(s){ s.data.forEach(function(d){"
-                            " if (d[1] !== null) n++; }); }); return n || null;")
+                            "var n = p.getData().map(function(s){ return s.data.filter(function(d){"
+                            " return d[1] !== null; }).length; }); return n.length ? n : null;")
     browser.save_screenshot(str(html / "dashboard.png"))
-    assert points > 0, f"graph {GRAPH} rendered without data points"
+    assert max(points) >= 20, f"graph {GRAPH}: the longest series has {max(points)} points, not a history"
+    boxes = browser.execute_script(
+        "function box(e) { var r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }"
+        "return {plot: box($('#main-graph canvas')[0]), legend: box($('#harness-legend')[0]),"
+        " rows: $('#harness-legend tr').length, inside: $('#main-graph .legend').length};")
+    (pl, pt, pr, pb), (ll, lt, lr, lb) = boxes["plot"], boxes["legend"]
+    assert boxes["rows"] > 0 and boxes["inside"] == 0, boxes
+    assert ll >= pr or lr <= pl or lt >= pb or lb <= pt, f"legend {boxes['legend']} overlaps the plot {boxes['plot']}"
+
+
+def test_headline_benchmarks_come_first(html, server, browser):
+    from harness.asvrun import QUICK
+
+    browser.get(f"{server}#")
+    groups = _wait(browser, "var g = $('.benchmark-group').map(function(){ return this.id; }).get();"
+                            "return g.length ? g : null;")
+    assert groups[0] == "group-headline", groups
+    names = browser.execute_script("return $('#group-headline a').map(function(){"
+                                   " return $(this).attr('href').slice(1); }).get();")
+    assert names and set(names) <= set(QUICK), names
