@@ -8,12 +8,16 @@ library is imported here: this file runs against commits whose harness predates 
 
 Semantics are asv's: module ``setup(*params)``, then the class's ``setup_cache()`` once (its value becomes the
 first argument), ``setup(*params)``, the benchmark, ``teardown(*params)``; NotImplementedError in a setup is
-a skip.  A ``time_`` sample is the mean seconds per call over a block of calls lasting at least SAMPLE_S (the
-block's size fixed at setup), a ``track_`` sample is one call's value.
+a skip.  A ``time_`` sample is a block of calls (its size fixed at setup: at least SAMPLE_S of CPU time) and
+reports the mean wall seconds per call and the fastest call's CPU seconds (the process's, all threads): calls
+that a neighbour's process preempted, and that then refill their caches, cost more CPU time, never less.  A
+``track_`` sample is one call's value.
 
-Requests: {"op": "setup", "name": N, "params": [...], "number": calls per time_ sample (default: sized here)}
+Requests: {"op": "setup", "name": N, "params": [...], "number": calls per time_ sample (default: sized here),
+"threads": torch's intra-op threads (default: as the benchmark leaves them)}
 -> {"ok": true, "number": n, "unit": u} | {"skip": why} | {"error": why};
-{"op": "sample"} -> {"value": v, "seconds": s}; {"op": "teardown"}; {"op": "exit"};
+{"op": "sample", "cpu": k (optional: run it on CPU k only)} -> {"value": v, "cpu": c, "seconds": s};
+{"op": "teardown"}; {"op": "exit"};
 {"op": "list", "pattern": REGEX} -> {"cases": [[name, params], ...]}, matched as asv matches --bench:
 against ``name`` and ``name(param, ...)`` with each parameter's repr.
 """
@@ -23,13 +27,14 @@ import importlib.machinery
 import inspect
 import itertools
 import json
+import math
 import os
 import re
 import sys
 import time
 import traceback
 
-SAMPLE_S = 0.1  # a time_ sample: long enough that the clock and one-off stalls are small against it
+SAMPLE_S = 0.03  # CPU seconds of a time_ sample: several calls of a ms-scale benchmark, to take the fastest of
 
 
 class SuiteImporter:
@@ -89,23 +94,23 @@ class Case:
                 self.args = [self.owner.setup_cache(), *self.params]
             if hasattr(self.owner, "setup"):
                 self.owner.setup(*self.args)
-        if self.kind == "time" and number:
+        if self.kind == "time":
             self.fn(*self.args)  # warm-up
-            self.number = number
-        elif self.kind == "time":
-            start = time.perf_counter()
-            self.fn(*self.args)  # warm-up; its duration sizes the block
-            self.number = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-9)))
+            start = time.process_time()
+            self.fn(*self.args)
+            self.number = number or max(1, min(1000, int(SAMPLE_S / max(time.process_time() - start, 1e-6))))
 
     def sample(self) -> tuple[float, float]:
-        """(the value, the process's CPU seconds per call); a time_ value is wall seconds per call."""
+        """(the value, CPU seconds); for a time_ case, mean wall seconds per call and the fastest call's CPU time."""
         if self.kind != "time":
             cpu = time.process_time()
             return float(self.fn(*self.args)), time.process_time() - cpu
-        start, cpu = time.perf_counter(), time.process_time()
+        fastest, start = math.inf, time.perf_counter()
         for _ in range(self.number):
+            cpu = time.process_time()
             self.fn(*self.args)
-        return (time.perf_counter() - start) / self.number, (time.process_time() - cpu) / self.number
+            fastest = min(fastest, time.process_time() - cpu)
+        return (time.perf_counter() - start) / self.number, fastest
 
     def teardown(self) -> None:
         if self.owner is not None and hasattr(self.owner, "teardown"):
@@ -124,12 +129,18 @@ def serve(suite: str, reply) -> None:
                     case.teardown()
                 case = None
                 try:
+                    if request.get("threads"):
+                        import torch
+
+                        torch.set_num_threads(request["threads"])
                     case = Case(request["name"], request["params"], request.get("number"))
                     answer = {"ok": True, "number": case.number, "unit": getattr(case.fn, "unit", None),
                               "higher_is_better": getattr(case.fn, "higher_is_better", None)}
                 except NotImplementedError as exc:
                     answer = {"skip": str(exc) or type(exc).__name__}
             elif op == "sample":
+                if request.get("cpu") is not None:  # this thread, the one a 1-thread benchmark runs in
+                    os.sched_setaffinity(0, {request["cpu"]})
                 start = time.perf_counter()
                 value, cpu = case.sample()
                 answer = {"value": value, "cpu": cpu, "seconds": time.perf_counter() - start}

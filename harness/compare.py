@@ -47,7 +47,7 @@ from harness import provenance
 ROOT = provenance.ROOT
 ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, reused (git-ignored)
 WORKER = Path(__file__).with_name("benchworker.py")
-ROUNDS = 30
+ROUNDS = 24
 MIN_ROUNDS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
 BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
 CONFIDENCE = 0.99
@@ -215,25 +215,32 @@ class Worker:
 
 
 def measure(a: Worker, b: Worker, case_a: tuple[str, tuple], case_b: tuple[str, tuple], rounds: int = ROUNDS,
-            budget_s: float = BUDGET_S, clock: str = "cpu") -> Result:
+            budget_s: float = BUDGET_S, clock: str = "cpu", threads: int = 1) -> Result:
     """Set up case_a in worker a and case_b in b, then ``rounds`` rounds of one sample each (fewer, down to
     MIN_ROUNDS, where a round takes more than budget_s / rounds), the order flipped every round; the result
-    holds B / A.  A time_ case is read in ``clock`` seconds per call ("cpu": the worker's CPU time, which
-    other processes' slices do not inflate; "wall"; a cuda case always in wall seconds), both sides calling
-    it the same number of times per sample."""
+    holds B / A.  A time_ case runs on ``threads`` torch threads (0: as the benchmark sets them), both sides
+    calling it the same number of times per sample, and is read in ``clock`` seconds per call: "cpu", the
+    fastest call's CPU time in the sample (a call that other processes preempted costs more, never less),
+    or "wall"; a cuda case always in wall seconds.  On one thread, both sides of a round run on the same
+    CPU, the next round on the next CPU: a core slowed by its neighbours (a busy hyperthread sibling on the
+    host) then slows both sides of a round, not one process for the whole comparison."""
     started = time.perf_counter()
     name, params = case_b
     r = Result(name, params, kind=name.rsplit(".", 1)[-1].split("_", 1)[0])
-    first = a.ask("setup", name=case_a[0], params=list(case_a[1]))
-    answers = [first, b.ask("setup", name=name, params=list(params), number=first.get("number"))]
+    timed = r.kind == "time"
+    extra = {"threads": threads} if timed and threads else {}
+    first = a.ask("setup", name=case_a[0], params=list(case_a[1]), **extra)
+    answers = [first, b.ask("setup", name=name, params=list(params), number=first.get("number"), **extra)]
     problem = next((x.get("skip") or x.get("error") for x in answers if not x.get("ok")), None)
     r.clock = "value" if r.kind != "time" else "wall" if clock == "wall" or "cuda" in params else "cpu"
     key = "cpu" if r.clock == "cpu" else "value"
     i = 0
+    cpus = sorted(os.sched_getaffinity(0))
     while problem is None and i < rounds:
         round_started = time.perf_counter()
+        pin = {"cpu": cpus[i % len(cpus)]} if timed and threads == 1 else {}
         for side in ((a, r.a), (b, r.b)) if i % 2 == 0 else ((b, r.b), (a, r.a)):
-            answer = side[0].ask("sample")
+            answer = side[0].ask("sample", **pin)
             if "error" in answer:
                 problem = answer["error"]
                 break
@@ -254,7 +261,7 @@ def measure(a: Worker, b: Worker, case_a: tuple[str, tuple], case_b: tuple[str, 
 
 # ------------------------------------------------------------------------------------------ comparisons
 def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, repo: Path = ROOT,
-                    clock: str = "cpu", progress=print) -> list[Result]:
+                    clock: str = "cpu", threads: int = 1, progress=print) -> list[Result]:
     """Every case matching ``bench`` (asv's --bench syntax) at both commits: HEAD / BASE, one Result each."""
     (pa, sa), (pb, sb) = prepare(base, repo), prepare(head, repo)
     with Worker(pa, sa) as a, Worker(pb, sb) as b:
@@ -264,14 +271,14 @@ def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, r
             if case not in at_base:
                 results.append(Result(*case, verdict="new", why="not at BASE"))
                 continue
-            results.append(measure(a, b, case, case, rounds, clock=clock))
+            results.append(measure(a, b, case, case, rounds, clock=clock, threads=threads))
             progress(line(results[-1]))
         results += [Result(*case, verdict="gone", why="not at HEAD") for case in at_base if case not in at_head]
     return results
 
 
 def compare_impls(impl_a: str, impl_b: str, bench: str, *, commit: str = "HEAD", rounds: int = ROUNDS,
-                  repo: Path = ROOT, clock: str = "cpu", progress=print) -> list[Result]:
+                  repo: Path = ROOT, clock: str = "cpu", threads: int = 1, progress=print) -> list[Result]:
     """impl_b / impl_a on one commit: each case naming impl_a paired with the same case naming impl_b."""
     python, src = prepare(commit, repo)
     with Worker(python, src) as a, Worker(python, src) as b:
@@ -282,7 +289,7 @@ def compare_impls(impl_a: str, impl_b: str, bench: str, *, commit: str = "HEAD",
                 continue
             other = (name, tuple(impl_b if p == impl_a else p for p in params))
             if other in cases:
-                results.append(measure(a, b, (name, params), other, rounds, clock=clock))
+                results.append(measure(a, b, (name, params), other, rounds, clock=clock, threads=threads))
                 progress(line(results[-1]))
     return results
 
@@ -366,6 +373,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=ROUNDS, help=f"A/B rounds per case (default {ROUNDS})")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="how time_ cases are read: the "
                    "worker's CPU seconds (default; load from other processes does not inflate them) or wall seconds")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of time_ cases (default 1: on a shared "
+                   "machine a second thread waits for its descheduled partner; 0: as each benchmark sets them)")
     p.add_argument("--json", metavar="FILE", help="also write every case's rounds and verdict as JSON")
 
 
@@ -375,10 +384,12 @@ def run(args: argparse.Namespace) -> int:
     bench = args.bench or regex(QUICK)
     if args.impls:
         a, b = args.impls
-        results = compare_impls(a, b, bench, commit=args.head, rounds=args.rounds, clock=args.clock)
+        results = compare_impls(a, b, bench, commit=args.head, rounds=args.rounds, clock=args.clock,
+                                threads=args.threads)
     else:
         a, b = args.base, args.head
-        results = compare_commits(a, b, bench, rounds=args.rounds, clock=args.clock)
+        results = compare_commits(a, b, bench, rounds=args.rounds, clock=args.clock,
+                                threads=args.threads)
     print(f"\nmachine {provenance.machine_name()}; {a} vs {b}\n" + table(results, a, b))
     if args.json:
         provenance.write_json(args.json, {"machine": provenance.machine_name(), "a": a, "b": b,
@@ -393,9 +404,11 @@ def main() -> int:
     parser.add_argument("--power", nargs="*", type=float, metavar="FRACTION",
                         help="validate instead: compare copies whose calibrated cost is raised by these fractions")
     parser.add_argument("--comparisons", type=int, default=40, help="with --power: comparisons per fraction")
+    parser.add_argument("--out", type=Path, help="with --power: where to write the tally (default: "
+                        "<output_root>/compare-power.json)")
     args = parser.parse_args()
     if args.power is not None:
-        out = provenance.output_root() / "compare-power.json"
+        out = args.out or provenance.output_root() / "compare-power.json"
         power(args.power or [0.0, 0.05, 0.10, 0.20], args.comparisons, rounds=args.rounds, out=out)
         print(f"power: {out}")
         return 0
