@@ -47,7 +47,7 @@ from harness import provenance
 ROOT = provenance.ROOT
 ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, reused (git-ignored)
 WORKER = Path(__file__).with_name("benchworker.py")
-ROUNDS = 24
+ROUNDS = 40
 MIN_ROUNDS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
 BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
 CONFIDENCE = 0.99
