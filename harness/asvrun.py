@@ -52,7 +52,8 @@ GATE: dict[str, str] = {
     "bench_attention_backward.AttentionBackward.time_forward_backward": rf"\('(naive|fa2_64x64)', {CPU_OR_CUDA}, 512\)",
     "bench_kvcache.PrefillVsDecode.time_decode_256": rf"\('(concat|static|paged)', {CPU_OR_CUDA}\)",
     "bench_paging.PagedDecodeAttention.time_paged_decode": rf"\(.*, {CPU_OR_CUDA}, 1024\)",
-    "bench_quantization.LinearTime.time_matmul": rf"\(.*, {CPU_OR_CUDA}, 16\)",
+    "bench_quantization.LinearTime.time_matmul":
+        rf"\('(float|w8a8_token|weight_only_g32|llm_int8)', {CPU_OR_CUDA}, 16\)",
     "bench_speculative.Enumeration.time_vocab4_gamma3_T4": r"\('standard', 'cpu'\)",
     "bench_speculative.WallClock.time_speculative": r"\('draft_good', 4, 'cpu'\)",
 }

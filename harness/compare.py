@@ -5,14 +5,17 @@ Both commits' code runs in one session: each commit gets a git worktree and a vi
 with --no-deps: no network), and one long-lived worker process (harness/benchworker.py) per side.  The same
 benchmark suite (this checkout's benchmarks/, as asv uses) runs on both.  For each case the two workers take
 turns, round after round, the order flipping each round (A B, B A, A B, ...), so load that comes and goes on a
-shared machine falls on both sides alike and cancels in each round's ratio HEAD / BASE.
+shared machine falls on both sides alike and cancels in each round's ratio HEAD / BASE.  A ``time_`` case is
+read as the fastest call's CPU time in each sample, on one torch thread, both sides of a round on one CPU
+(`measure` says why).
 
 The ratio is the Hodges-Lehmann estimate (median of the Walsh averages) of the rounds' log ratios, with the
 distribution-free confidence interval that inverts the Wilcoxon signed-rank test (Hollander & Wolfe,
 Nonparametric Statistical Methods, Sec. 3.2): a load spike on one side of one round moves it by one rank,
 not by its size.  Verdict: ``slower`` / ``faster`` when the CONFIDENCE interval excludes 1 and the estimate
-is at least MIN_EFFECT away from 1 (two processes of identical code differ by ~1% in memory layout, which
-enough rounds would otherwise call significant), ``noisy`` when neither holds and the interval still
+is at least MIN_EFFECT away from 1 (two processes of identical code in two worktrees were measured to differ
+by up to ~3% for a whole comparison, which enough rounds call significant), ``noisy`` when neither holds and
+the interval still
 reaches NOISY away from 1 (the comparison cannot rule such a change out), else ``same``.  For ``track_``
 values the verdict is ``higher`` / ``lower``, and ``worse`` / ``better`` where the benchmark's unit says
 which way is better.
@@ -272,7 +275,8 @@ def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, r
                 results.append(Result(*case, verdict="new", why="not at BASE"))
                 continue
             results.append(measure(a, b, case, case, rounds, clock=clock, threads=threads))
-            progress(line(results[-1]))
+            if results[-1].verdict != "skipped":
+                progress(line(results[-1]))
         results += [Result(*case, verdict="gone", why="not at HEAD") for case in at_base if case not in at_head]
     return results
 
@@ -302,8 +306,12 @@ def line(r: Result) -> str:
 
 
 def table(results: list[Result], a: str, b: str) -> str:
+    """One line per measured case; skipped ones (a cuda case without a GPU...) counted in one line, with why."""
     head = f"{'verdict':>12}  {b} / {a}, {CONFIDENCE:.0%} interval"
-    return "\n".join([head, *map(line, results)])
+    skipped = [r for r in results if r.verdict == "skipped"]
+    reasons = sorted({r.why.splitlines()[0][:80] for r in skipped})
+    tail = [f"{len(skipped)} cases skipped here: {'; '.join(reasons)}"] if skipped else []
+    return "\n".join([head, *(line(r) for r in results if r.verdict != "skipped"), *tail])
 
 
 # ------------------------------------------------------------------------------------------ validation

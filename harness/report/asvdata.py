@@ -60,9 +60,10 @@ class Values(dict):
 
 @cache
 def current_versions() -> dict[str, str]:
-    """{benchmark: version} of the benchmarks as asv last discovered them (results/benchmarks.json)."""
-    path = RESULTS / "benchmarks.json"
-    if not path.is_file():
+    """{benchmark: version} of the benchmarks as asv last discovered them: this machine's last run's
+    benchmarks.json (the installed code's), else the committed results/benchmarks.json."""
+    path = next((root / "benchmarks.json" for root in roots() if (root / "benchmarks.json").is_file()), None)
+    if path is None:
         return {}
     return {name: b["version"] for name, b in json.loads(path.read_text()).items() if isinstance(b, dict)}
 
