@@ -19,6 +19,7 @@ registered) is recorded as not run there.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import shutil
@@ -112,6 +113,17 @@ def spread(commits: list[str], n: int) -> list[str]:
     return [commits[round(i * (len(commits) - 1) / (n - 1))] for i in range(n)]
 
 
+def coarse_to_fine(commits: list[str]) -> list[str]:
+    """The same commits, ordered so that every prefix spans the whole range: both ends, the middle, the
+    quarters, ... (a backfill stopped early still draws the whole history, only coarser)."""
+    order: list[str] = []
+    n = 2
+    while len(order) < len(commits):
+        order += [c for c in spread(commits, min(n, len(commits))) if c not in order]
+        n = 2 * n - 1
+    return order
+
+
 def since(names: list[str], branch: str = "main") -> str:
     """The first commit of ``branch`` whose benchmarks/ defines one of the classes of these benchmarks."""
     firsts = []
@@ -199,6 +211,16 @@ def result_file(sha: str, measured: dict[tuple, dict], benchmarks: dict, machine
             "durations": {}, "version": 2}
 
 
+def _measured(folder: Path, sha: str, versions: dict[str, str]) -> bool:
+    """Whether a result file of ``sha`` holds every one of these benchmarks at these versions (a backfill
+    writes every case's entry, run or not)."""
+    for path in folder.glob(f"{sha[:8]}-*.json"):
+        results = json.loads(path.read_text()).get("results", {})
+        if all(name in results and results[name][2] == v for name, v in versions.items()):
+            return True
+    return False
+
+
 def _quantile(sorted_values: list[float], q: float) -> float:
     position = q * (len(sorted_values) - 1)
     low, frac = int(position), position - int(position)
@@ -220,9 +242,19 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
         cases = w.cases(bench or asvrun.regex(asvrun.QUICK))
     start = since(sorted({name for name, _ in cases}), branch)
     commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", f"{start}^..{branch}").split(), n)
-    print(f"backfill: {len(cases)} cases x {len(commits)} commits of {branch} into {folder}", flush=True)
+    done_file = compare.ENVS / f"backfill-{machine['machine']}.done"  # commits measured with this suite
+    versions = {name: benchmarks[name]["version"] for name, _ in cases}
+    stamp = hashlib.sha1(json.dumps([sorted(cases), versions], sort_keys=True).encode()).hexdigest()
+    lines = done_file.read_text().split() if done_file.is_file() else []
+    done = set(lines[1:]) if lines[:1] == [stamp] else set()
+    done |= {sha for sha in commits if _measured(folder, sha, versions)}
+    todo = [c for c in coarse_to_fine(commits) if c not in done]
+    print(f"backfill: {len(cases)} cases x {len(todo)} commits of {branch} ({len(commits) - len(todo)} done) "
+          f"into {folder}", flush=True)
+    if not done:
+        done_file.write_text(stamp + "\n")
     started = time.perf_counter()
-    for k, sha in enumerate(commits):
+    for k, sha in enumerate(todo):
         t = time.perf_counter()
         try:
             measured = measure_commit(*compare.prepare(sha), cases, suite)
@@ -234,9 +266,11 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
         if path.exists():
             document = merge(json.loads(path.read_text()), document)
         path.write_text(json.dumps(document, sort_keys=True) + "\n")
+        with done_file.open("a") as f:
+            f.write(sha + "\n")
         ran = sum("samples" in m for m in measured.values())
-        eta = (time.perf_counter() - started) / (k + 1) * (len(commits) - k - 1)
-        print(f"  [{k + 1}/{len(commits)}] {sha[:8]}: {ran}/{len(cases)} cases in {time.perf_counter() - t:.0f} s "
+        eta = (time.perf_counter() - started) / (k + 1) * (len(todo) - k - 1)
+        print(f"  [{k + 1}/{len(todo)}] {sha[:8]}: {ran}/{len(cases)} cases in {time.perf_counter() - t:.0f} s "
               f"(ETA {eta / 60:.0f} min)", flush=True)
     print(f"backfill: {(time.perf_counter() - started) / 60:.1f} min", flush=True)
     shutil.rmtree(suite, ignore_errors=True)

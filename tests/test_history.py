@@ -14,6 +14,14 @@ def test_spread_keeps_both_ends_and_spaces_evenly():
     assert history.spread(commits[:5], 48) == commits[:5]
 
 
+def test_coarse_to_fine_spans_the_range_at_every_prefix():
+    commits = [f"c{i}" for i in range(48)]
+    order = history.coarse_to_fine(commits)
+    assert sorted(order) == sorted(commits) and order[:3] == ["c0", "c47", "c24"]
+    first = sorted(commits.index(c) for c in order[:9])  # the first nine: eighths of the range
+    assert max(b - a for a, b in zip(first, first[1:], strict=False)) <= 6
+
+
 def entry(result, version="v1"):
     n = len(result)
     return [result, [[repr(i) for i in range(n)]], version, 0, 1.0, None, None, [None] * n, [None] * n,
