@@ -14,6 +14,32 @@ def setup(*params):
     require("harness.contracts.quantization", "harness.quant_experiments")
 
 
+def served(impl, bits: int, granularity: str | None = None, group_size: int | None = None):
+    """NotImplementedError (asv: n/a) for a format the implementation does not declare (a library's int8-only
+    kernel, GGUF's blocks of 32); implementations of commits before formats were declared serve every one."""
+    caps = impl.caps
+    widths = getattr(caps, "bits", (bits,))
+    if bits not in widths:
+        raise NotImplementedError(f"{impl.name} serves bits {widths}")
+    if granularity is not None and granularity not in getattr(caps, "granularities", (granularity,)):
+        raise NotImplementedError(f"{impl.name} serves granularities {caps.granularities}")
+    sizes = getattr(caps, "group_sizes", None)
+    if granularity == "group" and sizes is not None and group_size not in sizes:
+        raise NotImplementedError(f"{impl.name} serves group sizes {sizes}")
+    return impl
+
+
+def linear_dtype(impl) -> torch.dtype:
+    """float32, or the first dtype a layer declares when it declares none (bitsandbytes: float16)."""
+    return torch.float32 if "float32" in impl.dtypes else getattr(torch, impl.dtypes[0])
+
+
+def get_linear(name: str):
+    from harness.registry import get
+
+    return get("quantized_linear", name)
+
+
 QUANTIZERS = impl_names("quantization")
 LINEARS = impl_names("quantized_linear")
 GRANULARITY = {"tensor": ("tensor", None), "channel": ("channel", None), "group128": ("group", 128),
@@ -29,7 +55,7 @@ class QuantizerError:
     param_names = ["impl", "granularity", "bits"]
 
     def setup(self, impl, granularity, bits):
-        self.impl = resolve_impl("quantization", impl, torch.device("cpu"))
+        self.impl = served(resolve_impl("quantization", impl, torch.device("cpu")), bits, *GRANULARITY[granularity])
         self.w = 0.067 * torch.randn(512, 256, generator=torch.Generator().manual_seed(0))
 
     def track_max_error(self, impl, granularity, bits):
@@ -69,12 +95,15 @@ class LinearError:
     param_names = ["impl", "bits", "outliers"]
 
     def setup(self, impl, bits, outliers):
-        self.impl = resolve_impl("quantized_linear", impl, torch.device("cpu"))
+        record = get_linear(impl)
+        self.impl = served(resolve_impl("quantized_linear", impl, torch.device("cpu"), str(linear_dtype(record))[6:]),
+                           bits)
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(256, 256, generator=g)
         if outliers:
             self.x[:, [3, 70, 150, 201]] *= 60
         self.w = torch.randn(512, 256, generator=g) / 16
+        self.x, self.w = self.x.to(linear_dtype(record)), self.w.to(linear_dtype(record))
 
     def track_max_rel_error(self, impl, bits, outliers):
         exact = self.x.double() @ self.w.double().T
@@ -99,7 +128,10 @@ class LinearTime:
         if impl == "float":
             self.fn = lambda x, w, bits: x @ w.T
         else:
-            self.fn = resolve_impl("quantized_linear", impl, self.device).fn
+            record = get_linear(impl)
+            dtype = linear_dtype(record)
+            self.fn = served(resolve_impl("quantized_linear", impl, self.device, str(dtype)[6:]), 8).fn
+            self.x, self.w = self.x.to(dtype), self.w.to(dtype)
         cuda_warm_up(self.device, lambda: self.time_matmul(impl, device, tokens))
 
     def time_matmul(self, impl, device, tokens):
@@ -139,7 +171,8 @@ class ModelNLL:
             gran, g = GRANULARITY[scheme.split()[1]]
             self.model = weight_quantized(target, bits, gran, g)
         else:
-            self.model = activation_quantized(target, scheme, bits, corpus(50, seed=12345))
+            record = served(resolve_impl("quantized_linear", scheme, torch.device("cpu")), bits)  # the model is float32
+            self.model = activation_quantized(target, record.name, bits, corpus(50, seed=12345))
         self.docs = test_corpus(NLL_DOCS)
 
     def track_nll(self, scheme, bits):

@@ -1,3 +1,8 @@
-from harness.cli import main
+"""``python -m harness``: see harness/cli.py.  Ctrl-C while the harness is still starting exits 130 quietly too."""
 
-raise SystemExit(main())
+try:
+    from harness.cli import main
+
+    raise SystemExit(main())
+except KeyboardInterrupt:
+    raise SystemExit(130) from None

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: every checking process was stopped; no verdict file was written", file=sys.stderr)
-        return 130
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # now: tearing down torch and Hypothesis takes seconds, and nothing is left to save
     except BrokenPipeError:  # `list | head`: the reader left; end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -69,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
 
     mu = sub.add_parser("mutants", help="run the properties against every mutant; fail if one survives")
     mu.add_argument("technique", nargs="?")
+    mu.add_argument("--score", action="store_true", help="also run each mutant's declared killers under the thorough "
+                    "profile, and print per technique: mutants killed by ci / by thorough, the properties that killed "
+                    "each, the median margin (error / bound of the killing case)")
     _common(mu)
     mu.set_defaults(func=cmd_mutants)
 
@@ -128,6 +133,8 @@ def cmd_list(args) -> int:
         for r in impls(name, mutants=None):
             kind = f"MUTANT ({r.bug}; killed by {', '.join(r.killed_by)})" if r.mutant else (
                 "exact" if r.exact else "approximate")
+            if r.unavailable:
+                kind += f"; UNAVAILABLE: {r.unavailable}"
             declared = r.caps.declared()
             print(f"  {r.name:<28} {kind}\n  {'':<28} devices={','.join(r.devices)} dtypes={','.join(r.dtypes)}"
                   + (f" caps={declared}" if declared else "") + (f"\n  {'':<28} {r.cite}" if r.cite else ""))
@@ -161,18 +168,17 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
 
 def cmd_mutants(args) -> int:
     return mutants([args.technique] if args.technique else sorted(load_techniques()), profile=args.profile,
-                   jobs=args.jobs, json_path=args.json)
+                   jobs=args.jobs, json_path=args.json, score=args.score)
 
 
-def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | None) -> int:
+def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | None, score: bool = False) -> int:
     profiles.load(profile)
     for t in techniques:
         _known_technique(t)
     out = sys.stderr if json_path == "-" else sys.stdout
-    started, documents, survivors = time.perf_counter(), [], []
+    documents, survivors, scores = [], [], []
     for t in techniques:
-        props = runner.properties_of(t)
-        registered = impls(t, mutants=True)
+        started, props, registered = time.perf_counter(), runner.properties_of(t), impls(t, mutants=True)
         with Printer(t, len(registered) * len(props), out, quiet=True) as printer:
             results = runner.kill_mutants(t, profile=profile, jobs=jobs, progress=printer)
         for result in results:
@@ -181,30 +187,72 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
                   flush=True)
             if not killed:
                 survivors.append(result.name)
-        documents.append(verdicts_document(t, profile, results, time.perf_counter() - started, kind="mutants"))
+        document = verdicts_document(t, profile, results, time.perf_counter() - started, kind="mutants")
+        if score:
+            with Printer(t, len(registered), out, quiet=True) as printer:
+                thorough = runner.kill_mutants(t, profile="thorough", jobs=jobs, progress=printer, all_properties=False)
+            document["score"] = mutant_score(results, thorough)
+            scores.append((t, document["score"]))
+        documents.append(document)
+    if score:
+        _print_score(scores, profile, out)
     _write_json(json_path, {"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION, "kind": "mutants",
                             **provenance.run_info(profile), "techniques": documents})
     print(f"\n{len(survivors)} mutant(s) survived" + (f": {', '.join(survivors)}" if survivors else ""), file=out)
     return 1 if survivors else 0
 
 
+def mutant_score(first: list[runner.ImplResult], thorough: list[runner.ImplResult]) -> dict:
+    """Per mutant: killed under the run's profile (all properties) and under thorough (its declared killers), the
+    properties that killed it, and the margin of its declared killer's failing case (error / bound, where the
+    killer compares with an earned bound); and the technique's counts and median margin."""
+    by_name = {r.name: r for r in thorough}
+    rows = []
+    for r in first:
+        killed, _ = runner.mutant_status(r)
+        declared = [v for v in r.verdicts if v.status == "FAIL" and v.property in r.info.get("killed_by", ())]
+        margins = [v.margin for v in declared if v.margin is not None]
+        rows.append({"mutant": r.name, "killed": killed,
+                     "killed_thorough": by_name[r.name].verdicts != [] and runner.mutant_status(by_name[r.name])[0],
+                     "killers": [v.property for v in r.verdicts if v.status == "FAIL"],
+                     "margin": max(margins) if margins else None})
+    margins = sorted(row["margin"] for row in rows if row["margin"] is not None)
+    return {"mutants": rows, "killed": sum(row["killed"] for row in rows),
+            "killed_thorough": sum(row["killed_thorough"] for row in rows),
+            "median_margin": margins[len(margins) // 2] if margins else None}
+
+
+def _print_score(scores: list[tuple[str, dict]], profile: str, out) -> None:
+    print(f"\nmutant power ({profile}: every property; thorough: the declared killers)\n", file=out)
+    print(f"  {'technique':<20} {'mutants':>7} {'killed ' + profile:>12} {'killed thorough':>16} {'median margin':>14}",
+          file=out)
+    for t, s in scores:
+        margin = f"{s['median_margin']:.3g}" if s["median_margin"] is not None else "-"
+        print(f"  {t:<20} {len(s['mutants']):>7} {s['killed']:>12} {s['killed_thorough']:>16} {margin:>14}", file=out)
+    for t, s in scores:
+        print(f"\n  {t}", file=out)
+        for row in s["mutants"]:
+            margin = f", margin {row['margin']:.3g}" if row["margin"] is not None else ""
+            print(f"    {row['mutant']:<40} killed by {', '.join(row['killers']) or 'NOTHING'}{margin}", file=out)
+
+
 def cmd_run(args) -> int:
     start = time.perf_counter()
     root = provenance.output_root()
-    verdicts = root / "verdicts"
     summary, status = [], 0
     print(f"results of this run: {root} (machine {provenance.machine_name()}, commit {provenance.commit()})")
-    for t in sorted(load_techniques()):
-        print(f"\n=== check {t} ===", flush=True)
-        rc = check(t, names=[], plugins=[], properties=[], profile=args.profile, jobs=args.jobs,
-                   json_path=str(verdicts / f"{t}.json"))
-        summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
+    with provenance.staged(root / "verdicts") as verdicts:  # replaced whole at the end: never old and new mixed
+        for t in sorted(load_techniques()):
+            print(f"\n=== check {t} ===", flush=True)
+            rc = check(t, names=[], plugins=[], properties=[], profile=args.profile, jobs=args.jobs,
+                       json_path=str(verdicts / f"{t}.json"))
+            summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
+            status |= rc
+        print("\n=== mutants ===", flush=True)
+        rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
+                     json_path=str(verdicts / "mutants.json"))
+        summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
         status |= rc
-    print("\n=== mutants ===", flush=True)
-    rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
-                 json_path=str(verdicts / "mutants.json"))
-    summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
-    status |= rc
     if not args.no_bench:
         from harness.quickbench import run_quick
 
@@ -328,6 +376,9 @@ def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[
         row = [MARK[cell[(r.name, p.name)].status] if (r.name, p.name) in cell else "?" for p in props]
         mutant = "   (mutant)" if r.info.get("mutant") else ""
         say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
+    declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
+    if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
+        say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
     verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
         if v.status in ("FAIL", "stale", "upstream"):

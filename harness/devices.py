@@ -17,6 +17,9 @@ def available(declared: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def unavailable_reason(impl) -> str | None:
+    """Why ``impl`` cannot run here: a library it adapts is missing, or none of its devices is present."""
+    if getattr(impl, "unavailable", ""):
+        return impl.unavailable
     if available(impl.devices):
         return None
     narrowed = f" (HARNESS_DEVICES={','.join(ONLY)})" if ONLY else ""

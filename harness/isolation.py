@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -30,6 +31,7 @@ from typing import Any
 GRACE_S = 3.0  # after a call's own limit: the alarm inside the call gets the first chance
 TERM_WAIT_S = 1.0  # between SIGTERM and SIGKILL
 OUTPUT_SHOWN = 2000  # characters of a child's captured output that a verdict quotes
+OUTPUT_LIMIT = 2**30  # bytes of output after which a child is stopped (it would fill the disk)
 POLL_S = 0.05
 
 
@@ -52,6 +54,7 @@ class Limits:
 _channel = None  # the pipe to the parent, in a child; None in the parent or under pytest
 _deadline = None  # shared double: monotonic deadline of the guarded call in progress (0: none)
 _memory_limit = 0  # bytes, in a child: what harness.guard quotes when an allocation fails
+_capture = ""  # in a child: the file its stdout and stderr go to
 
 
 def in_child() -> bool:
@@ -79,13 +82,24 @@ def memory_limit() -> int:
     return _memory_limit
 
 
+def output_since(offset: int) -> tuple[str, int]:
+    """(what the child printed since byte ``offset``, truncated to its last OUTPUT_SHOWN characters; the new
+    offset).  Outside a child: ("", 0)."""
+    if not _capture:
+        return "", 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    size = os.path.getsize(_capture)
+    return (_tail(_capture, start=offset) if size > offset else ""), size
+
+
 def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None]) -> None:
-    global _channel, _deadline, _memory_limit
+    global _channel, _deadline, _memory_limit, _capture
     os.setsid()  # its own session and process group: no terminal signals, one group to kill
     out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    _channel, _deadline = conn, deadline
+    _channel, _deadline, _capture = conn, deadline, capture_path
     if limits.memory_bytes:
         _memory_limit = limits.memory_bytes
         cap = _address_space() + limits.memory_bytes
@@ -112,6 +126,7 @@ class Outcome:
     events: list[Any] = field(default_factory=list)
     stopped: str = ""  # "", or "hung: ...", "crashed: ...", "exceeded ...", "error: ..."
     output: str = ""  # the tail of its captured stdout/stderr
+    ended: float = 0.0  # monotonic time it ended
 
 
 class _Child:
@@ -147,12 +162,13 @@ class _Child:
             return self._end(self._death())
         now, deadline = time.monotonic(), self.deadline.value
         if deadline and now > deadline + GRACE_S:
-            limit = deadline - self.started
             return self._end(f"hung: no result within the per-call limit, still running {now - deadline:.0f} s "
                              "past it (it caught the alarm or never returned to Python); its process group was "
-                             "killed", kill=True, limit=limit)
+                             "killed")
+        if os.path.getsize(self.capture) > OUTPUT_LIMIT:
+            return self._end(f"stopped: wrote more than {OUTPUT_LIMIT / 2**30:g} GiB of output")
         if now - self.started > self.limits.total_s:
-            return self._end(f"hung: exceeded the per-implementation limit of {self.limits.total_s:g} s", kill=True)
+            return self._end(f"hung: exceeded the per-implementation limit of {self.limits.total_s:g} s")
         if not self.proc.is_alive():
             return self._end(self._death())
         return False
@@ -164,9 +180,9 @@ class _Child:
             return f"crashed: the checking process was killed by signal {signal.Signals(-code).name}"
         return f"crashed: the checking process died with exit code {code}"
 
-    def _end(self, why: str, *, kill: bool = False, detail: str = "", limit: float | None = None) -> bool:
+    def _end(self, why: str, *, detail: str = "") -> bool:
         self.kill()
-        self.outcome.stopped = why
+        self.outcome.stopped, self.outcome.ended = why, time.monotonic()
         self.outcome.output = _tail(self.capture) if why else ""
         if detail:
             self.outcome.output = (self.outcome.output + "\n" + detail).strip()
@@ -206,16 +222,18 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _tail(path: str, limit: int = OUTPUT_SHOWN) -> str:
+def _tail(path: str, limit: int = OUTPUT_SHOWN, start: int = 0) -> str:
+    """The last ``limit`` bytes of a file from byte ``start`` on, saying how many earlier ones were left out."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - limit))
+            f.seek(max(start, size - limit))
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return (f"[... {size - limit} earlier bytes]\n" if size > limit else "") + text
+    dropped = size - start - limit
+    return (f"[... {dropped} earlier bytes not shown]\n" if dropped > 0 else "") + text
 
 
 def run_all(jobs: list[tuple[Any, Callable[[], None]]], *, workers: int, limits: Limits | None = None,

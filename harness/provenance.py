@@ -8,13 +8,16 @@ land under a committed machine's name; local output goes to an ignored folder of
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,8 +134,30 @@ def run_info(profile: str | None = None) -> dict:
         harness_version = version("llm-inference-harness")
     except PackageNotFoundError:
         harness_version = "unknown"
+    from harness.devices import available
+
     return {"harness_version": harness_version, "commit": commit(), "profile": profile,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine()}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "devices": list(available(("cpu", "cuda"))),
+            "machine": machine()}
+
+
+@contextlib.contextmanager
+def staged(folder: Path) -> Iterator[Path]:
+    """A fresh folder to fill, put in ``folder``'s place only when the block ends without an exception; an
+    interrupted run leaves the previous ``folder`` as it was and no partial one."""
+    stage = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+    if folder.exists():
+        folder.rename(old)
+    stage.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_json(path: Path | str, document: object) -> None:

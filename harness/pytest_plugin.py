@@ -73,7 +73,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     technique = _technique_of(metafunc.function.__module__)
     if technique is None:
         return
-    from harness.registry import impls
+    from harness.registry import KNOWN_FAILURES, impls
     from harness.runner import Property
 
     chosen = metafunc.config.stash.get(_CHOSEN, None)
@@ -82,7 +82,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     cases = []
     for impl in candidates:
         reason = prop.skip_reason(impl)
-        cases.append(pytest.param(impl, id=impl.name, marks=[pytest.mark.skip(reason=reason)] if reason else []))
+        known = KNOWN_FAILURES.get((technique, impl.name, prop.name.removeprefix("test_")))
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        if known and not reason:  # strict: a recorded failure that stops reproducing fails the run, as `stale` does
+            marks.append(pytest.mark.xfail(strict=True, reason=f"known upstream failure of {known.library} "
+                                                               f"{known.version}: {known.what}"))
+        cases.append(pytest.param(impl, id=impl.name, marks=marks))
     if not cases:
         cases = [pytest.param(None, id="none", marks=[pytest.mark.skip(
             reason=f"no {technique} implementation was given (--harness-impl {technique}=MODULE:ATTR)")])]

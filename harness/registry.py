@@ -45,6 +45,7 @@ class Impl:
     cite: str = ""  # paper and section the algorithm comes from
     caps: Caps = Caps()  # the technique's typed capabilities (harness/contracts/<technique>.py)
     source: str = ""  # module that registered it, or the plugin spec it came from
+    unavailable: str = ""  # why it cannot run on this machine (a library not installed): every property skips
 
     def __repr__(self) -> str:  # what Hypothesis prints in a falsifying example
         return f"<{self.technique} implementation {self.name!r}>"
@@ -120,6 +121,18 @@ def known_failure(technique: str, impl: str, prop: str, *, library: str, version
                   reproduce: str) -> None:
     """Record that ``impl`` fails ``prop`` because of a bug of ``library`` (not of the adapter)."""
     KNOWN_FAILURES[(technique, impl, prop)] = KnownFailure(technique, impl, prop, library, version, what, reproduce)
+
+
+def library_unavailable(module: str, *, install: str) -> str:
+    """'' when ``module`` can be imported here (found without importing it: a heavy library is imported at its
+    adapter's first call), else the skip reason an adapter registers with, saying how to install it."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        found = False
+    return "" if found else f"{module} is not installed here ({install})"
 
 
 def impls(technique: str, *, mutants: bool | None = False) -> list[Impl]:

@@ -160,6 +160,8 @@ def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin
 
 def first_line(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):  # Hypothesis found several distinct failures: name the first
+        if len(exc.exceptions) == 1:
+            return first_line(exc.exceptions[0])
         return f"{len(exc.exceptions)} distinct failures; the first: {first_line(exc.exceptions[0])}"[:400]
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:400]
@@ -172,6 +174,8 @@ _ADVICE = ("These lines were always", "Explanation:", "/", "You can reproduce th
 def counterexample(exc: BaseException) -> str:
     """The failing example Hypothesis attached to the exception (one per failure when it found several),
     without its advice to edit a test function: a plugin author has none, the reproduce line replays it."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return counterexample(exc.exceptions[0])
     if isinstance(exc, BaseExceptionGroup):
         return "\n\n".join(f"failure {i} of {len(exc.exceptions)}: {first_line(sub)}\n{counterexample(sub)}"
                            for i, sub in enumerate(exc.exceptions, 1))
@@ -218,6 +222,7 @@ class ImplResult:
     info: dict = field(default_factory=dict)  # name, mutant, exact, killed_by, bug, caps, ...
     verdicts: list[Verdict] = field(default_factory=list)
     stopped: str = ""  # why its child stopped early, if it did
+    started: dict[str, float] = field(default_factory=dict)  # property -> monotonic time its child started it
 
     @property
     def name(self) -> str:
@@ -276,6 +281,7 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
             result.info = payload
             progress.loaded(target, payload)
         elif kind == "start":
+            result.started[payload] = time.monotonic()
             progress.started(target, payload)
         elif kind == "verdict":
             result.verdicts.append(payload)
@@ -300,6 +306,7 @@ def _unfinished(result: ImplResult, names: list[str], outcome: isolation.Outcome
     the later ones that they were not run (an implementation that hung once is not given the chance again)."""
     done = {v.property for v in result.verdicts}
     running = [p for p in isolation.events(outcome, "start") if p not in done]
+    seconds = outcome.ended - result.started.get(running[0], outcome.ended) if running else 0.0
     where = "while importing and registering it" if not result.info else ""
     verdicts = []
     for name in names:
@@ -310,7 +317,7 @@ def _unfinished(result: ImplResult, names: list[str], outcome: isolation.Outcome
             f"not run: the implementation's process stopped in {running[0] if running else 'loading'} "
             f"({outcome.stopped.split(':')[0]})")
         plugin = result.target.plugin
-        verdicts.append(Verdict(result.name, name, "FAIL", message=message,
+        verdicts.append(Verdict(result.name, name, "FAIL", message=message, seconds=seconds if current else 0.0,
                                 output=outcome.output if current else "",
                                 reproduce=reproduce_command(result.target.technique, result.name, name, profile,
                                                             plugin)))
@@ -331,15 +338,18 @@ def _load(target: Target) -> Impl:
 def _info(impl: Impl) -> dict:
     return {"name": impl.name, "technique": impl.technique, "mutant": impl.mutant, "exact": impl.exact,
             "killed_by": impl.killed_by, "bug": impl.bug, "devices": impl.devices, "dtypes": impl.dtypes,
-            "caps": impl.caps.declared(), "source": impl.source, "cite": impl.cite}
+            "caps": impl.caps.declared(), "source": impl.source, "cite": impl.cite,
+            "unavailable": impl.unavailable}
 
 
 def verdicts_of(impl: Impl, props: list[Property], *, profile: str, plugin: str | None = None,
                 blob: str | None = None) -> Iterator[Verdict]:
     """Each property's verdict, in order, run here (in a child, each announced to the parent first)."""
+    _, offset = isolation.output_since(0)
     for prop in props:
         isolation.send("start", prop.name)
         verdict = run_property(prop, impl, profile=profile, plugin=plugin, blob=blob)
+        verdict.output, offset = isolation.output_since(offset)
         isolation.send("verdict", verdict)
         yield verdict
 
@@ -386,10 +396,22 @@ def _start_child(target: Target, profile: str, one_thread: bool) -> Impl:
 
 
 def mutant_status(result: ImplResult) -> tuple[bool, str]:
-    """(killed for its declared reason, a one-line status) of a mutant's verdicts."""
+    """(killed for its declared reason, a one-line status) of a mutant's verdicts.  A kill counts only where the
+    mutant computed its bug: a declared killer that failed because the mutant raised, crashed, hung or never ran
+    says nothing about the bug it models."""
     killed_by = tuple(result.info.get("killed_by", ()))
     killers = [v.property for v in result.verdicts if v.status == "FAIL"]
-    right = sorted(set(killers) & set(killed_by))
+    right = sorted({v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by
+                    and not _broke(v)})
     if right:
         return True, f"killed by {', '.join(right)}"
+    broke = [v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by and _broke(v)]
+    if broke:
+        return False, f"CRASHED instead of computing its bug in {', '.join(broke)}: {result.verdicts[0].message}"
     return False, f"SURVIVED its declared killers {killed_by}" + (f" (other failures: {killers})" if killers else "")
+
+
+def _broke(verdict: Verdict) -> bool:
+    """The property failed because the implementation raised, crashed, hung or was not run."""
+    return verdict.message.startswith(("crashed:", "hung:", "not run:", "error:", "stopped:")) or (
+        "ContractViolation: raised " in verdict.message)

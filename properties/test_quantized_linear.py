@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from harness.contracts.quantized_linear import Scheme, call
 from harness.devices import available
-from harness.guard import assert_rejected
+from harness.guard import ContractViolation, assert_rejected
 from harness.references.quantized_linear import (
     quantized_linear64,
     quantized_linear_error_bound,
@@ -33,7 +33,7 @@ TECHNIQUE = "quantized_linear"
 def draw_case(data, impl, dtypes=None, **kw) -> LinearCase:
     dtypes = tuple(d for d in impl.dtypes if d in (dtypes or ("float64", "float32"))) or impl.dtypes[:1]
     return data.draw(linear_cases(dtypes=dtypes, devices=available(impl.devices),
-                                  multiple_of=impl.caps.group_size or 1, **kw), label="case")
+                                  multiple_of=impl.caps.group_size or 1, bits=impl.caps.bits, **kw), label="case")
 
 
 def assert_matches_scheme(impl, case: LinearCase, what: str) -> torch.Tensor:
@@ -66,17 +66,39 @@ def test_matches_scheme_in_low_precision(impl, data):
     dtypes = tuple(d for d in impl.dtypes if d != "float64")
     case = draw_case(data, impl, dtypes=dtypes, leading_dims=True)
     x, w, calib = case.tensors()
-    out = call(impl, x, w, bits=case.bits, calib=calib).double()
+    assert_scheme_in_low_precision(impl, x, w, case.bits, calib, f"in {case.dtype}")
+
+
+def assert_scheme_in_low_precision(impl, x, w, bits, calib, what: str) -> None:
+    out = call(impl, x, w, bits=bits, calib=calib).double()
     scheme = Scheme.of(impl)
-    truth = quantized_linear64(x, w, bits=case.bits, scheme=scheme, calib=calib)
-    ties = quantized_linear_tie_bound(x, w, bits=case.bits, scheme=scheme, calib=calib,
-                                      rel=16 * torch.finfo(x.dtype).eps)
+    truth = quantized_linear64(x, w, bits=bits, scheme=scheme, calib=calib)
+    ties = quantized_linear_tie_bound(x, w, bits=bits, scheme=scheme, calib=calib, rel=16 * torch.finfo(x.dtype).eps)
     bound = TOLERANCES[("quantized_matmul", x.dtype)].floor * (x.double().abs() @ w.double().abs().T) + ties
     err = (out - truth).abs()
     bad = err > bound
     assert not bool(bad.any()), (
-        f"{impl.name} in {case.dtype}: {err[bad][0].item():.4g} from its scheme's float64 reference, beyond the "
+        f"{impl.name} {what}: {err[bad][0].item():.4g} from its scheme's float64 reference, beyond the "
         f"rounding allowance {bound[bad][0].item():.4g} at {bad.nonzero()[0].tolist()}")
+
+
+@given(data=st.data())
+def test_any_leading_dims(impl, data):
+    """x is (..., in): one token as a 1-d x, and the tokens as a 4-d (2, 2, n / 4, in) x, each give the declared
+    scheme's output of that shape (a kernel that flattens only 3-d inputs, or reads dim 1 as the features,
+    fails here on every example)."""
+    case = draw_case(data, impl)
+    x, w, calib = case.tensors()
+    tokens = x.reshape(-1, case.d_in)
+    shapes = [tokens[0]] + ([tokens[: 4 * (case.n // 4)].reshape(2, 2, case.n // 4, case.d_in)] if case.n >= 4 else [])
+    for xs in shapes:
+        if x.dtype == torch.float64:
+            truth = quantized_linear64(xs, w, bits=case.bits, scheme=Scheme.of(impl), calib=calib)
+            plain = quantized_linear_plain(xs, w, bits=case.bits, scheme=Scheme.of(impl), calib=calib)
+            assert_earned(call(impl, xs, w, bits=case.bits, calib=calib), truth, plain, torch.float64,
+                          what=f"{impl.name} on x of shape {tuple(xs.shape)}")
+        else:
+            assert_scheme_in_low_precision(impl, xs, w, case.bits, calib, f"on x of shape {tuple(xs.shape)}")
 
 
 @given(data=st.data())
@@ -122,7 +144,8 @@ def test_outliers_follow_each_batch(impl, data):
     """Two batches whose outlier columns differ: each result is its own batch's scheme reference (no state,
     such as outlier columns or scales, carries over from one call to the next)."""
     first, second = data.draw(outlier_batch_pairs(dtypes=("float64",), devices=available(impl.devices),
-                                                  multiple_of=impl.caps.group_size or 1), label="batches")
+                                                  multiple_of=impl.caps.group_size or 1, bits=impl.caps.bits),
+                              label="batches")
     assert_matches_scheme(impl, first, "on the first batch")
     assert_matches_scheme(impl, second, f"on a second batch (outliers {second.outliers}, first {first.outliers})")
 
@@ -144,13 +167,35 @@ BAD_INPUTS = {  # name -> (x, w, bits, argument the message must name)
     "NaN activation": (lambda: torch.full((3, 8), float("nan")), lambda: torch.randn(4, 8), 8, "x"),
     "in-features mismatch": (lambda: torch.randn(3, 7), lambda: torch.randn(4, 8), 8, "x"),
     "w not 2-d": (lambda: torch.randn(3, 8), lambda: torch.randn(8), 8, "w"),
+    "empty 0 x 8 weight": (lambda: torch.randn(3, 8), lambda: torch.randn(0, 8), 8, "w"),
+    "float32 x, float64 w": (lambda: torch.randn(3, 8), lambda: torch.randn(4, 8, dtype=torch.float64), 8, "w"),
+    "float64 x, float32 w": (lambda: torch.randn(3, 8, dtype=torch.float64), lambda: torch.randn(4, 8), 8, "w"),
+    "w on another device": (lambda: torch.randn(3, 8), lambda: torch.empty(4, 8, device="meta"), 8, "w"),
 }
 
 
 def test_rejects_bad_input(impl):
-    """Bad bits, NaN weights or activations, mismatched shapes: a ValueError/TypeError naming the argument."""
-    for name, (make_x, make_w, bits, arg) in sorted(BAD_INPUTS.items()):
+    """Bad bits, NaN weights or activations, mismatched shapes, an empty w, x and w of different dtypes or
+    devices, and a bit width it does not declare: a ValueError/TypeError naming the argument."""
+    cases = dict(BAD_INPUTS)
+    for bits in sorted(set(range(2, 9)) - set(impl.caps.bits))[:1]:
+        cases[f"undeclared {bits}-bit codes"] = (lambda: torch.randn(3, 8), lambda: torch.randn(4, 8), bits, "bits")
+    for name, (make_x, make_w, bits, arg) in sorted(cases.items()):
         assert_rejected(impl, name, make_x(), make_w(), bits=bits, calib=None, names=(arg,), arg_names=("x", "w"))
+
+
+@given(data=st.data(), lead=st.sampled_from([(0,), (2, 0), (0, 3)]))
+def test_no_tokens_give_an_empty_output(impl, data, lead):
+    """x with no tokens, (0, in), (2, 0, in) or (0, 3, in), gives an empty (..., out) output: an empty batch is
+    not an error (its per-tensor scale is that of nothing, never computed)."""
+    case = draw_case(data, impl)
+    _, w, _ = case.tensors()
+    x = torch.zeros(*lead, case.d_in, dtype=w.dtype, device=w.device)
+    try:
+        out = call(impl, x, w, bits=case.bits)
+    except ContractViolation as exc:  # the law is that it answers: a raise is the failure, said as one
+        raise AssertionError(f"{impl.name}: an empty batch x {tuple(x.shape)} got no answer: {exc}") from exc
+    assert out.numel() == 0, f"{impl.name}: an empty batch gave {tuple(out.shape)}"
 
 
 @pytest.mark.parametrize(("caps", "named"), [({"weight": "rows"}, "weight"), ({"act": "batch"}, "act"),

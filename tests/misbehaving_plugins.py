@@ -1,8 +1,12 @@
 """Plugins that break their contract in the ways the guard must report, one per function: for attention one
-of each kind and one that keeps the contract, then one for every other technique (each a real bug's shape).
-tests/test_plugin_verdicts.py checks that each gets its own verdict and the run goes on."""
+of each kind and one that keeps the contract, then the ones that try to escape their checking process, then
+one for every other technique (each a real bug's shape).  tests/test_plugin_verdicts.py checks that each gets
+its own verdict and the run goes on; plugins that misbehave at import are modules of their own (tests/plugins/)."""
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import torch
@@ -51,6 +55,68 @@ def mutates(q, k, v, *, causal=False, scale=None):
 
 def crashes(q, k, v, *, causal=False, scale=None):
     os._exit(3)
+
+
+# ---- escapes: what a call does to get past the per-call limit, the memory, the output or the process ----
+
+
+@declare(caps={"call_limit_s": 1})
+def hangs_catching_everything(q, k, v, *, causal=False, scale=None):
+    while True:  # the alarm's exception is caught and the loop goes on
+        try:
+            time.sleep(3600)
+        except BaseException:  # noqa: BLE001, S110 - the escape being tested
+            pass
+
+
+@declare(caps={"call_limit_s": 1})
+def hangs_resetting_the_timer(q, k, v, *, causal=False, scale=None):
+    signal.setitimer(signal.ITIMER_REAL, 0)  # no alarm will come
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    time.sleep(3600)
+
+
+@declare(caps={"call_limit_s": 600})
+def sleeps(q, k, v, *, causal=False, scale=None):
+    """A slow call within its limit: what Ctrl-C interrupts."""
+    time.sleep(600)
+
+
+def hogs_memory(q, k, v, *, causal=False, scale=None):
+    hoard = []
+    while True:  # touched pages, as a runaway cache would
+        hoard.append(bytearray(64 * 2**20))
+
+
+def prints_a_lot(q, k, v, *, causal=False, scale=None):
+    sys.stdout.write("x" * 2**20 + "\n")  # 1 MiB a call
+    print("debug: the last line a plugin printed", file=sys.stderr)
+    return naive_attention(q, k, v, causal=causal, scale=scale)
+
+
+def spawns_a_grandchild(q, k, v, *, causal=False, scale=None):
+    subprocess.Popen(["sleep", "300"])  # inherits stdout: a pipe reader would wait for it
+    return naive_attention(q, k, v, causal=causal, scale=scale)
+
+
+def changes_default_dtype(q, k, v, *, causal=False, scale=None):
+    torch.set_default_dtype(torch.float64)
+    return naive_attention(q, k, v, causal=causal, scale=scale)
+
+
+def seeds_torch(q, k, v, *, causal=False, scale=None):
+    torch.manual_seed(0)  # reproducible for the plugin, every later random draw of the caller replayed
+    return naive_attention(q, k, v, causal=causal, scale=scale)
+
+
+def sets_threads(q, k, v, *, causal=False, scale=None):
+    torch.set_num_threads(torch.get_num_threads() + 1)
+    return naive_attention(q, k, v, causal=causal, scale=scale)
+
+
+def leaves_grad_off(q, k, v, *, causal=False, scale=None):
+    torch.set_grad_enabled(False)
+    return naive_attention(q, k, v, causal=causal, scale=scale)
 
 
 # ---- one for every other technique ------------------------------------------------------------------

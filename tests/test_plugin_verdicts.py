@@ -1,18 +1,23 @@
-"""A plugin that raises, hangs, crashes its process, returns NaN, zeros or the wrong shape, or mutates its
-inputs gets a verdict that says which, with a line to reproduce it, and the run goes on to the next.
+"""A plugin that raises, hangs, crashes its process, returns NaN, zeros or the wrong shape, mutates its inputs, or
+tries to escape its checking process (catching the alarm, resetting the timer, hoarding memory, flooding the
+output, leaving a grandchild behind, changing global state, misbehaving while being imported) gets a verdict that
+says which, with a line to reproduce it, and the run goes on and ends within its limits.
 
-Runs `python -m harness check` as a user would, on tests/misbehaving_plugins.py: eight attention
-plugins in one run, then one plugin for each other technique."""
+Runs `python -m harness check` as a user would, on tests/misbehaving_plugins.py and tests/plugins/."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).with_name("misbehaving_plugins.py")
+IMPORTS = Path(__file__).with_name("plugins")
+KILL_SLACK_S = 5.0  # a call past its limit is stopped within the limit plus this (alarm, grace, SIGTERM, SIGKILL)
 EXPECTED = {  # attention plugin -> (status, what its message must say)
     "correct": ("pass", ""),
     "raises": ("FAIL", "raised RuntimeError: boom"),
@@ -22,6 +27,14 @@ EXPECTED = {  # attention plugin -> (status, what its message must say)
     "zeros": ("FAIL", "zeros vs float64 reference: max error"),
     "wrong_shape": ("FAIL", "returned shape (1, 1, 1, 1), expected (1, 1, 1, 3)"),
     "mutates": ("FAIL", "mutated its input k"),
+    "hangs_catching_everything": ("FAIL", "hung: no result within the per-call limit"),
+    "hangs_resetting_the_timer": ("FAIL", "hung: no result within the per-call limit"),
+    "prints_a_lot": ("pass", ""),
+    "spawns_a_grandchild": ("pass", ""),
+    "changes_default_dtype": ("FAIL", "changed global state: torch default dtype torch.float32 -> torch.float64"),
+    "seeds_torch": ("FAIL", "changed global state: torch global RNG"),
+    "sets_threads": ("FAIL", "changed global state: torch intra-op threads"),
+    "leaves_grad_off": ("FAIL", "changed global state: grad mode True -> False"),
 }
 OTHERS = {  # technique -> (plugin, the property run, what its message must say)
     "attention_backward": ("backward_two_gradients", "matches_reference",
@@ -36,35 +49,106 @@ OTHERS = {  # technique -> (plugin, the property run, what its message must say)
 }
 
 
-def check(technique: str, plugins: list[str], prop: str, tmp_path: Path) -> dict[str, dict]:
-    """`python -m harness check` on these plugins; its verdicts by implementation (it must exit 1: one failed)."""
+def check(technique: str, specs: list[str], prop: str, tmp_path: Path, *, env: dict | None = None,
+          timeout: float = 600) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
+    """`python -m harness check` on these plugin specs; its verdicts by plugin spec (it must exit 1: one failed)."""
     out = tmp_path / "verdicts.json"
-    args = [arg for name in plugins for arg in ("--plugin", f"{PLUGINS}:{name}")]
+    args = [arg for spec in specs for arg in ("--plugin", spec)]
     proc = subprocess.run([sys.executable, "-m", "harness", "check", technique, *args, "--property", prop,
                            "--profile", "ci", "--jobs", "2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=PLUGINS.parent.parent,
-                          env={**os.environ, "HARNESS_PER_IMPL_LIMIT_S": "300"})
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
     assert proc.returncode == 1, f"exit {proc.returncode} (expected 1: plugins failed)\n{proc.stderr[-2000:]}"
-    return {v["impl"]: v for v in json.loads(out.read_text())["verdicts"]}
+    document = json.loads(out.read_text())
+    spec_of = {i["name"]: i["target"] for i in document["implementations"]}
+    return {spec_of[v["impl"]]: v for v in document["verdicts"]}, proc
 
 
-def assert_verdict(v: dict, status: str, says: str, technique: str, prop: str) -> None:
+def assert_verdict(v: dict, status: str, says: str, technique: str, prop: str, spec: str) -> None:
     assert (v["status"], says in v["message"]) == (status, True), f"{v['impl']}: {v['status']} '{v['message']}'"
     if status == "FAIL":
-        line = f"check {technique} --plugin {PLUGINS}:{v['impl']} --property {prop}"
+        line = f"check {technique} --plugin {spec} --property {prop}"
         assert line in v["reproduce"], f"{v['impl']}: reproduce line '{v['reproduce']}'"
 
 
 def test_each_misbehaving_plugin_gets_its_own_verdict(tmp_path):
-    verdicts = check("attention", list(EXPECTED), "matches_reference", tmp_path)
-    assert sorted(verdicts) == sorted(EXPECTED), f"verdicts for {sorted(verdicts)}, expected one per plugin"
+    specs = [f"{PLUGINS}:{name}" for name in EXPECTED]
+    verdicts, _ = check("attention", specs, "matches_reference", tmp_path)
+    assert sorted(verdicts) == sorted(specs), f"verdicts for {sorted(verdicts)}, expected one per plugin"
     for name, (status, says) in EXPECTED.items():
-        assert_verdict(verdicts[name], status, says, "attention", "matches_reference")
+        assert_verdict(verdicts[f"{PLUGINS}:{name}"], status, says, "attention", "matches_reference",
+                       f"{PLUGINS}:{name}")
+
+
+def test_a_hang_that_escapes_the_alarm_is_stopped_within_its_limit(tmp_path):
+    """Catching the alarm's exception, or switching the timer off, only delays the verdict by the grace period:
+    the parent ends the child's process group (the per-call limit is 1 s)."""
+    names = ["hangs_catching_everything", "hangs_resetting_the_timer"]
+    verdicts, _ = check("attention", [f"{PLUGINS}:{n}" for n in names], "matches_reference", tmp_path)
+    for name in names:
+        v = verdicts[f"{PLUGINS}:{name}"]
+        assert "its process group was killed" in v["message"], v["message"]
+        assert 1.0 <= v["seconds"] <= 1.0 + KILL_SLACK_S, f"{name}: stopped after {v['seconds']:.1f} s"
+
+
+def test_output_is_captured_and_truncated(tmp_path):
+    verdicts, _ = check("attention", [f"{PLUGINS}:prints_a_lot", f"{PLUGINS}:raises"], "matches_reference", tmp_path)
+    output = verdicts[f"{PLUGINS}:prints_a_lot"]["output"]
+    assert "earlier bytes not shown" in output and output.rstrip().endswith("debug: the last line a plugin printed")
+    assert len(output) < 2500, f"{len(output)} characters of output in a verdict"
+
+
+def test_a_memory_hog_is_stopped_at_the_memory_limit(tmp_path):
+    verdicts, _ = check("attention", [f"{PLUGINS}:hogs_memory"], "matches_reference", tmp_path,
+                        env={"HARNESS_MEMORY_LIMIT_GB": "1"})
+    assert "exceeded the memory limit of 1 GiB" in verdicts[f"{PLUGINS}:hogs_memory"]["message"]
+
+
+def test_a_grandchild_does_not_keep_the_pipe_open(tmp_path):
+    """`harness check ... | cat`: the reader sees the end of the output when the harness exits, though the plugin
+    left a `sleep 300` behind (it dies with its checking process's group)."""
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "check", "attention", "--plugin",
+                             f"{PLUGINS}:spawns_a_grandchild", "--property", "matches_reference"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    output, _ = proc.communicate(timeout=240)  # returns at EOF, i.e. when every writer has gone
+    assert proc.returncode == 0, output.decode()[-2000:]
+    assert time.monotonic() - start < 240
+
+
+@pytest.mark.parametrize("module, says", [
+    ("import_exits.py", "crashed: the checking process died with exit code 7 (while importing and registering it)"),
+    ("import_segfaults.py", "crashed: the checking process was killed by signal SIGSEGV (while importing"),
+    ("import_sleeps.py", "hung: exceeded the per-implementation limit of 20 s (while importing"),
+])
+def test_a_plugin_that_misbehaves_at_import_gets_a_verdict_and_a_json(module, says, tmp_path):
+    """The plugin is imported only in its checking process: the harness reports, writes its JSON, checks the
+    others and exits 1."""
+    specs = [f"{IMPORTS / module}:attention", f"{PLUGINS}:correct"]
+    verdicts, _ = check("attention", specs, "matches_reference", tmp_path, env={"HARNESS_PER_IMPL_LIMIT_S": "20"})
+    assert says in verdicts[specs[0]]["message"], verdicts[specs[0]]["message"]
+    assert verdicts[specs[1]]["status"] == "pass"
+
+
+def test_an_entry_point_that_exits_at_import_does_not_take_list_or_pytest_down():
+    """Another distribution's entry point loads only when asked for; when asked, it is probed in a child first."""
+    env = {**os.environ, "PYTHONPATH": str(IMPORTS / "exits_on_import")}
+    quiet = subprocess.run([sys.executable, "-m", "harness", "list", "quantization"], capture_output=True, text=True,
+                           cwd=ROOT, env=env, timeout=300)
+    assert quiet.returncode == 0 and "absmax" in quiet.stdout, quiet.stderr[-2000:]
+    asked = subprocess.run([sys.executable, "-m", "harness", "list", "quantization", "--entry-points", "all"],
+                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert asked.returncode == 0 and "absmax" in asked.stdout, asked.stderr[-2000:]
+    assert "entry point exits = exits_on_import" in asked.stderr and "exit code 7" in asked.stderr, asked.stderr
+    suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_structure.py",
+                            "-k", "capability"], capture_output=True, text=True, cwd=ROOT,
+                           env={**env, "HARNESS_ENTRY_POINTS": "all"}, timeout=300)
+    assert suite.returncode == 0, suite.stdout[-2000:]
 
 
 @pytest.mark.parametrize("technique", sorted(OTHERS))
 def test_every_technique_reports_a_misbehaving_plugin(technique, tmp_path):
     plugin, prop, says = OTHERS[technique]
-    verdicts = check(technique, [plugin], prop, tmp_path)
-    assert sorted(verdicts) == [plugin], f"verdicts for {sorted(verdicts)}, expected {plugin}'s"
-    assert_verdict(verdicts[plugin], "FAIL", says, technique, prop)
+    spec = f"{PLUGINS}:{plugin}"
+    verdicts, _ = check(technique, [spec], prop, tmp_path)
+    assert sorted(verdicts) == [spec], f"verdicts for {sorted(verdicts)}, expected {plugin}'s"
+    assert_verdict(verdicts[spec], "FAIL", says, technique, prop, spec)

@@ -97,7 +97,7 @@ def test_only_the_cli_parses_arguments():
 def test_our_implementations_come_in_through_the_entry_point_group():
     ours = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
             if ep.dist is not None and ep.dist.name == DISTRIBUTION}
-    assert ours == {t: f"impls.{t}" for t in load_techniques()}
+    assert ours == {**{t: f"impls.{t}" for t in load_techniques()}, "external": "impls.external"}
 
 
 def test_every_implementation_module_is_listed_by_its_package():

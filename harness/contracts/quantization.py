@@ -11,20 +11,45 @@
   ``zero`` is None (symmetric) or an integer tensor of scale's shape (asymmetric, zero point).
 * `dequantize(qt)` is the contract's own: w_hat = (codes - zero) * scale, group by group.
 
-Symmetric absmax is the reference: s = max|w| / (2^(b-1) - 1), q = round(w / s), codes in
-[-(2^(b-1) - 1), 2^(b-1) - 1].  round is to nearest; an exact tie may go either way (torch.round's
-half-to-even or C's roundf, away from zero): both keep every error within half a step.  An asymmetric
-implementation declares ``caps={"symmetric": False}``:
+Symmetric absmax is the reference and the default format: s = max|w| / (2^(b-1) - 1), q = round(w / s),
+codes in [-(2^(b-1) - 1), 2^(b-1) - 1] (``code_range="restricted"``), scales stored in w's dtype, any bit
+width 2..8, any granularity and group size.  round is to nearest; an exact tie may go either way
+(torch.round's half-to-even or C's roundf, away from zero): both keep every error within half a step.
+An asymmetric implementation declares ``caps={"symmetric": False}``:
 s = (max(w, 0) - min(w, 0)) / (2^b - 1), z = round(-min(w, 0) / s), codes in [0, 2^b - 1]; the
 absmax round trip does not apply to it, the other properties do.  An all-zero group has scale 0
 (or any finite scale) and codes 0: it dequantizes to zeros, never NaN.
+
+A library's format may differ from the default; it declares how (`QuantizationCaps`), the properties then
+draw only inside what it declares, and skip, naming the format, what needs more:
+
+* ``bits``, ``granularities``, ``group_sizes``: the formats it serves (GGUF Q8_0: 8 bits, groups of 32).
+* ``code_range="full"``: codes in [-2^(b-1), 2^(b-1) - 1] with s = max|w| / (2^(b-1) - 1/2) (torchao's
+  symmetric int8, torch.ao's qint8 observers: absmax / 127.5).  Every error is still within s/2; the
+  absmax element no longer round-trips (a positive one gets 2^(b-1) - 1, half a step short; a negative one
+  -2^(b-1), or -(2^(b-1) - 1) where w / s rounds just short of the tie).
+* ``code_range="signed_extreme"``: s = m / -2^(b-1) for m the group's element of largest magnitude, so s
+  takes m's opposite sign and m gets code -2^(b-1) exactly (GGUF Q4_0, d = max / -8); an element past
+  2^(b-1) - 1/2 steps on the other side is clipped to 2^(b-1) - 1 and may be off by one whole step.
+* ``scale_dtype``: the scales are returned in w's dtype but hold values of a narrower dtype (GGUF stores
+  d as float16): the codes were computed with the unrounded s, so the error bound is
+  (|s| + r) / 2 + |q| r, r = half the spacing of scale_dtype at s, and the round trips are off by |q| r.
+* ``scale_floor``: no scale is smaller than this (torch.ao's observers floor it at float32's eps): the
+  reference scale is then max(rule, floor), and the absmax round trip is not expected where it binds.
+
+What stays exact under every declaration: codes in the declared range, the error bound, the absmax scale
+rule of the declared convention, requantization being the identity (not in the full convention, whose
+positive peak dequantizes half a step short), rescaling by a power of two, zeros staying zeros, and the
+bad-input rules: w must be a non-empty 2-d floating-point tensor of finite values (an empty w, e.g. 0 x 8,
+raises ValueError naming w), a format it does not declare is refused naming the argument; codes, scales and
+zero points come back on w's device.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -33,10 +58,40 @@ from harness.contracts import Technique, define
 from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from harness.registry import Impl
 
+CodeRange = Literal["restricted", "full", "signed_extreme"]
+GRANULARITIES = ("tensor", "channel", "group")
+SCALE_DTYPES = ("float64", "float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class QuantizationCaps(Caps):
     symmetric: bool = cap(True, "absmax codes in -(2^(b-1)-1)..2^(b-1)-1; False: zero point, codes in 0..2^b-1")
+    bits: tuple[int, ...] = cap((2, 3, 4, 5, 6, 7, 8), "the bit widths it serves")
+    granularities: tuple[str, ...] = cap(GRANULARITIES, "the granularities it serves")
+    group_sizes: tuple[int, ...] | None = cap(None, "the group sizes it serves (None: any divisor of the columns)")
+    code_range: CodeRange = cap("restricted", "symmetric codes: restricted +-(2^(b-1)-1), s = absmax/(2^(b-1)-1); "
+                                              "full -2^(b-1)..2^(b-1)-1, s = absmax/(2^(b-1)-1/2); signed_extreme: "
+                                              "s = extreme/-2^(b-1), the extreme at -2^(b-1) (GGUF Q4_0)")
+    scale_dtype: str | None = cap(None, "the dtype whose values the scales hold (GGUF: float16); None: w's dtype")
+    scale_floor: float = cap(0.0, "no scale is below this (torch.ao observers: float32 eps)")
+
+    def __post_init__(self) -> None:
+        """A declaration no property could read rightly is refused, naming the capability."""
+        if not self.bits or not set(self.bits) <= set(range(2, 9)):
+            raise ValueError(f"quantization: capability bits must be widths among 2..8, got {self.bits!r}")
+        if not self.granularities or not set(self.granularities) <= set(GRANULARITIES):
+            raise ValueError(f"quantization: capability granularities must be among {GRANULARITIES}, "
+                             f"got {self.granularities!r}")
+        if self.group_sizes is not None and (not self.group_sizes or min(self.group_sizes) < 1):
+            raise ValueError(f"quantization: capability group_sizes must be positive sizes, got {self.group_sizes!r}")
+        if self.code_range != "restricted" and not self.symmetric:
+            raise ValueError(f"quantization: capability code_range={self.code_range!r} is for symmetric quantizers")
+        if self.scale_dtype is not None and self.scale_dtype not in SCALE_DTYPES:
+            raise ValueError(f"quantization: capability scale_dtype must be one of {SCALE_DTYPES}, "
+                             f"got {self.scale_dtype!r}")
+        if not (math.isfinite(self.scale_floor) and self.scale_floor >= 0):
+            raise ValueError(f"quantization: capability scale_floor must be finite and >= 0, got {self.scale_floor!r}")
+
 
 QUANTIZATION = define(
     Technique(
@@ -49,7 +104,6 @@ QUANTIZATION = define(
         caps=QuantizationCaps,
     )
 )
-GRANULARITIES = ("tensor", "channel", "group")
 
 
 class Quantized(NamedTuple):
@@ -69,6 +123,8 @@ def check_inputs(w: torch.Tensor, bits: int, granularity: str, group_size: int |
         raise TypeError(f"quantize: w must be a torch.Tensor, got {type(w).__name__}")
     if w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"quantize: w must be a 2-d floating-point tensor, got {w.dtype} of shape {tuple(w.shape)}")
+    if w.numel() == 0:
+        raise ValueError(f"quantize: w must have at least one element, got shape {tuple(w.shape)}")
     if not bool(torch.isfinite(w).all()):
         raise ValueError("quantize: w holds NaN or inf values; quantization needs finite weights")
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
@@ -83,6 +139,16 @@ def check_inputs(w: torch.Tensor, bits: int, granularity: str, group_size: int |
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or cols % group_size:
         raise ValueError(f"quantize: group_size must be a positive divisor of w's {cols} columns, got {group_size!r}")
     return group_size
+
+
+def check_format(caps: QuantizationCaps, bits: int, granularity: str, group_size: int | None, who: str) -> None:
+    """ValueError naming the argument when a valid call asks for a format the implementation does not declare."""
+    if bits not in caps.bits:
+        raise ValueError(f"{who}: bits={bits} is not served; it serves bits {caps.bits}")
+    if granularity not in caps.granularities:
+        raise ValueError(f"{who}: granularity={granularity!r} is not served; it serves {caps.granularities}")
+    if granularity == "group" and caps.group_sizes is not None and group_size not in caps.group_sizes:
+        raise ValueError(f"{who}: group_size={group_size} is not served; it serves group sizes {caps.group_sizes}")
 
 
 def scale_shape(w: torch.Tensor, granularity: str, group_size: int | None) -> tuple[int, int]:
@@ -107,8 +173,25 @@ def step_per_element(qt: Quantized) -> torch.Tensor:
     return qt.scale[:, :, None].expand(rows, G, cols // G).reshape(rows, cols)  # (rows, cols)
 
 
-def code_range(bits: int, symmetric: bool) -> tuple[int, int]:
-    return (-qmax(bits), qmax(bits)) if symmetric else (0, 2**bits - 1)
+def code_range(bits: int, symmetric: bool, convention: str = "restricted") -> tuple[int, int]:
+    """The smallest and largest code of a b-bit format."""
+    if not symmetric:
+        return 0, 2**bits - 1
+    return (-qmax(bits), qmax(bits)) if convention == "restricted" else (-(2 ** (bits - 1)), qmax(bits))
+
+
+def scale_divisor(bits: int, convention: str) -> float:
+    """The absmax scale rule's divisor: s = max|w| / divisor (signed_extreme: s = extreme / -divisor)."""
+    return {"restricted": qmax(bits), "full": qmax(bits) + 0.5, "signed_extreme": 2.0 ** (bits - 1)}[convention]
+
+
+def scale_rounding(scale: torch.Tensor, scale_dtype: str | None) -> torch.Tensor:
+    """r: how far a scale stored in ``scale_dtype`` may be from the unrounded one the codes were computed with
+    (half its spacing there, subnormals included); 0 where scale_dtype is None (the scale is w's own)."""
+    if scale_dtype is None:
+        return torch.zeros_like(scale, dtype=torch.float64)
+    info = torch.finfo(getattr(torch, scale_dtype))
+    return scale.double().abs() * info.eps / 2 + info.tiny * info.eps / 2
 
 
 def call(impl: Impl, w: torch.Tensor, *, bits: int, granularity: str, group_size: int | None = None) -> Quantized:
@@ -128,8 +211,14 @@ def call(impl: Impl, w: torch.Tensor, *, bits: int, granularity: str, group_size
         check_tensor(qt.zero, what=f"{impl.name} zero", shape=tuple(qt.scale.shape), device=w.device)
         if qt.zero.is_floating_point() or qt.zero.is_complex():  # a fractional zero point cannot map 0 exactly
             raise ContractViolation(f"{impl.name} zero: dtype {qt.zero.dtype}, expected an integer dtype")
-    if bool((qt.scale < 0).any()):
+    if bool((qt.scale < 0).any()) and impl.caps.code_range != "signed_extreme":
         raise ContractViolation(f"{impl.name} scale: negative scale {qt.scale.min().item():.3g}")
+    if impl.caps.scale_dtype is not None:
+        stored = qt.scale.to(getattr(torch, impl.caps.scale_dtype)).to(qt.scale.dtype)
+        if not torch.equal(stored, qt.scale):
+            bad = (stored != qt.scale).nonzero()[0].tolist()
+            raise ContractViolation(f"{impl.name} scale: {qt.scale[tuple(bad)].item()!r} at {bad} is not a "
+                                    f"{impl.caps.scale_dtype} value, as its declared scale_dtype says")
     return qt
 
 

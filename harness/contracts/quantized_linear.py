@@ -5,9 +5,14 @@
 * x: (..., in) activations, w: (out, in) weight (no bias: add it outside, in floating point).
   bits in 2..8 for the weight and, where quantized, the activations.  calib: (n, in) calibration
   activations for schemes with statistics (SmoothQuant); None means x itself.
+* x, w and calib share one floating dtype and one device (a float32 x with a float64 w is refused, naming
+  w: promoting would silently return float64).  w must be non-empty; x may hold no tokens (the output is
+  then empty).
 * Returns approximately x @ w.T, shape (..., out), x's dtype and device.  Inputs are left unchanged.
 * The scheme is declared in ``caps`` and fixes the result up to float rounding:
     weight: "tensor" | "channel" | "group" (+ group_size): symmetric absmax scales of w
+    code_range: "restricted" (codes +-(2^(b-1) - 1), the default) or "full" (-2^(b-1)..2^(b-1) - 1 with
+      s = absmax / (2^(b-1) - 1/2), torchao's int8), for the weight and the activations alike
     act: None (weight only) | "tensor" | "token": absmax scales of x computed at run time
     outlier_threshold: LLM.int8(): the input columns with some |x| > threshold stay in floating point
     smooth_alpha: SmoothQuant: x / s and s * w with s_j = max|X_j|^a / max|W_j|^(1-a), before quantizing
@@ -38,6 +43,10 @@ class QuantizedLinearCaps(BatchedCaps):
     outlier_threshold: float | None = cap(None, "LLM.int8(): input columns with some |x| > threshold stay in "
                                                 "floating point")
     smooth_alpha: float | None = cap(None, "SmoothQuant's migration strength a: s_j = max|X_j|^a / max|W_j|^(1-a)")
+    bits: tuple[int, ...] = cap((2, 3, 4, 5, 6, 7, 8), "the bit widths it serves (a library's int8 kernel: (8,))")
+    code_range: Literal["restricted", "full"] = cap("restricted", "codes +-(2^(b-1)-1) with s = absmax/(2^(b-1)-1), "
+                                                                  "or full -2^(b-1)..2^(b-1)-1 with s = absmax/"
+                                                                  "(2^(b-1)-1/2) (torchao: absmax/127.5)")
 
 QUANTIZED_LINEAR = define(
     Technique(
@@ -58,6 +67,7 @@ class Scheme:
     act: str | None = None
     outlier_threshold: float | None = None
     smooth_alpha: float | None = None
+    code_range: str = "restricted"
 
     def __post_init__(self) -> None:
         """A scheme comes from an implementation's declared capabilities (a plugin's too): reject what no
@@ -74,30 +84,47 @@ class Scheme:
     def of(cls, impl: Impl) -> Scheme:
         c = impl.caps
         return cls(weight=c.weight, group_size=c.group_size, act=c.act, outlier_threshold=c.outlier_threshold,
-                   smooth_alpha=c.smooth_alpha)
+                   smooth_alpha=c.smooth_alpha, code_range=c.code_range)
+
+
+def check_bits(served: tuple[int, ...], bits: int, who: str) -> None:
+    """ValueError naming bits when a valid width is one the implementation does not declare it serves."""
+    if bits not in served:
+        raise ValueError(f"{who}: bits={bits} is not served; it serves bits {served}")
 
 
 def check_inputs(x: torch.Tensor, w: torch.Tensor, bits: int, calib: torch.Tensor | None = None) -> None:
-    """Validate a call; ValueError/TypeError names the argument."""
-    for name, t in (("x", x), ("w", w)):
+    """Validate a call; ValueError/TypeError names the argument (devices and dtypes first: a tensor on another
+    device cannot even be tested for NaN here)."""
+    for name, t in (("x", x), ("w", w), ("calib", calib)):
+        if name == "calib" and t is None:
+            continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"quantized_linear: {name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_floating_point():
             raise ValueError(f"quantized_linear: {name} must be floating point, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"quantized_linear: {name} is on {t.device} but x is on {x.device}; all inputs must be "
+                             "on one device")
+        if t.dtype != x.dtype:
+            raise TypeError(f"quantized_linear: {name} is {t.dtype} but x is {x.dtype}; x, w and calib must share a "
+                            "dtype (promotion would silently change the output's)")
         if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"quantized_linear: {name} holds NaN or inf values")
-    if w.dim() != 2:
-        raise ValueError(f"quantized_linear: w must be 2-d (out, in), got shape {tuple(w.shape)}")
+            raise ValueError(f"quantized_linear: {name} holds NaN or inf values" + (
+                " (SmoothQuant would silently stop smoothing)" if name == "calib" else ""))
+    if w.dim() != 2 or w.numel() == 0:
+        raise ValueError(f"quantized_linear: w must be a non-empty 2-d (out, in) tensor, got shape {tuple(w.shape)}")
     if x.dim() < 1 or x.shape[-1] != w.shape[1]:
         raise ValueError(f"quantized_linear: x's last dim must be w's in-features {w.shape[1]}, got {tuple(x.shape)}")
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
         raise ValueError(f"quantized_linear: bits must be an integer in 2..8, got {bits!r}")
-    if calib is not None and not isinstance(calib, torch.Tensor):
-        raise TypeError(f"quantized_linear: calib must be a torch.Tensor or None, got {type(calib).__name__}")
     if calib is not None and (calib.dim() != 2 or calib.shape[1] != w.shape[1]):
         raise ValueError(f"quantized_linear: calib must be (n, {w.shape[1]}), got {tuple(calib.shape)}")
-    if calib is not None and not bool(torch.isfinite(calib).all()):
-        raise ValueError("quantized_linear: calib holds NaN or inf values (SmoothQuant would silently stop smoothing)")
+
+
+def no_tokens_output(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """The whole answer for an x with no tokens, an empty (..., out); None when there is work to do."""
+    return x.new_zeros(*x.shape[:-1], w.shape[0]) if x.numel() == 0 else None
 
 
 def call(impl: Impl, x: torch.Tensor, w: torch.Tensor, *, bits: int, calib: torch.Tensor | None = None):

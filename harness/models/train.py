@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 from safetensors.torch import save_file
-from tqdm import tqdm
 
 from harness.models import zoo
 from harness.models.gpt import GPT, GPTConfig, nll_loss
 from harness.models.world import TOKENIZER, TRAIN_SEED, generate_document
+from harness.progress import progress
 
 TARGET = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=4, n_head=4, n_kv_head=4, n_embd=128, positions="rotary")
 DRAFT_SMALL = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,
@@ -59,8 +59,8 @@ SAMPLED_DOCS, SAMPLE_SEED = 500, 0
 def learning_rate(recipe: Recipe, step: int) -> float:
     if step < recipe.warmup:
         return recipe.lr * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return recipe.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))  # cosine from lr down to lr / 10
+    done = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+    return recipe.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))  # cosine from lr down to lr / 10
 
 
 def corpus_loss(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ def train(name: str) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.01)
     rng = random.Random(TRAIN_SEED + recipe.seed)
     start = time.perf_counter()
-    bar = tqdm(range(recipe.steps), desc=name, mininterval=5)
+    bar = progress(range(recipe.steps), desc=f"training {name}", unit="steps", mininterval=5)
     for step in bar:
         idx = zoo.pad_batch([generate_document(rng) for _ in range(recipe.batch_docs)])  # (B, T)
         loss = loss_fn(model(idx[:, :-1]), idx)

@@ -1,10 +1,10 @@
-"""Float64 oracles of quantizers: symmetric absmax and zero-point."""
+"""Float64 oracles of quantizers: symmetric absmax (in each declared code-range convention) and zero-point."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.contracts.quantization import Quantized, qmax, scale_shape
+from harness.contracts.quantization import Quantized, code_range, qmax, scale_divisor, scale_shape
 
 
 def quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> Quantized:
@@ -29,3 +29,22 @@ def zero_point_quantize64(w: torch.Tensor, bits: int, granularity: str, group_si
     z = torch.round(-lo / safe)  # (R, G)
     q = (torch.round(blocks / safe[..., None]) + z[..., None]).clamp(0, 2**bits - 1)  # (R, G, elements per scale)
     return Quantized(q.reshape(rows, cols).to(torch.int64), s, z.to(torch.int64))
+
+
+def declared_quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None, caps) -> Quantized:
+    """A symmetric quantizer's format as ``caps`` declares it, in float64: s = max|w| / divisor (restricted,
+    full) or extreme / -divisor (signed_extreme), floored at caps.scale_floor; q = clamp(round(w / s)).
+    The scale is the unrounded one: a declared scale_dtype's rounding is the properties' allowance."""
+    w = w.double()
+    rows, cols = w.shape
+    blocks = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
+    divisor = scale_divisor(bits, caps.code_range)
+    if caps.code_range == "signed_extreme":
+        peak = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True))[..., 0]  # (R, G): signed extreme
+        s = peak / -divisor
+    else:
+        s = blocks.abs().amax(dim=-1) / divisor  # (R, G)
+    s = torch.where(s.abs() < caps.scale_floor, torch.full_like(s, caps.scale_floor), s)
+    lo, hi = code_range(bits, True, caps.code_range)
+    q = torch.where(s[..., None] != 0, blocks / s[..., None], 0.0).round().clamp(lo, hi)  # (R, G, g)
+    return Quantized(q.reshape(rows, cols).to(torch.int64), s)

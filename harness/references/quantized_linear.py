@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.contracts.quantization import dequantize, step_per_element
+from harness.contracts.quantization import QuantizationCaps, dequantize, step_per_element
 from harness.contracts.quantized_linear import Scheme
-from harness.references.quantization import quantize64
+from harness.references.quantization import declared_quantize64
 
 
 def smoothing_factors64(act_absmax: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -33,8 +33,10 @@ def _split(x, w, scheme: Scheme, calib):
 
 
 def _quantized_operands(x2, w, bits: int, scheme: Scheme):
-    qw = quantize64(w, bits, scheme.weight, scheme.group_size)
-    qx = None if scheme.act is None else quantize64(x2, bits, "tensor" if scheme.act == "tensor" else "channel")
+    fmt = QuantizationCaps(code_range=scheme.code_range)
+    qw = declared_quantize64(w, bits, scheme.weight, scheme.group_size, fmt)
+    act = "tensor" if scheme.act == "tensor" else "channel"
+    qx = None if scheme.act is None else declared_quantize64(x2, bits, act, None, fmt)
     return qx, qw
 
 

@@ -23,7 +23,7 @@ def write_report(out: Path | None = None, only: list[str] | None = None) -> Path
 
     matplotlib.use("Agg")
     out = out or provenance.output_root() / "report"
-    from harness.report import sections  # noqa: F401 - registers the sections
+    from harness.report import external, sections  # noqa: F401 - registers the sections
 
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out, here=f"{provenance.machine_name()} at commit {provenance.commit()}")

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from hypothesis import event
 from hypothesis import strategies as st
 
 from harness.strategies.common import generator, seeds
+from harness.strategies.quantization import LONG_ROWS
 from harness.tolerance import dtype_of
 
 
@@ -61,18 +63,31 @@ class LinearCase:
 @st.composite
 def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                  multiple_of: int = 1, zero_tokens: bool = False, min_outliers: int = 0,
-                 plain_columns: int = 0, leading_dims: bool = False) -> LinearCase:
+                 plain_columns: int = 0, leading_dims: bool = False,
+                 bits: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)) -> LinearCase:
     """At least min_outliers outlier columns (at most 3), and at least plain_columns that are not.
-    ``leading_dims``: x may be 1-D (one token) or 3-D (batch, tokens, in) instead of (n, in)."""
+    ``leading_dims``: x may be 3-D (batch, tokens, in) instead of (n, in)."""
     least = max(2, min_outliers + plain_columns)
-    d_in = multiple_of * draw(st.integers(max(1, -(-least // multiple_of)), max(1, 128 // multiple_of)))
-    n = draw(st.one_of(st.integers(1, 24), st.integers(25, 64)))  # past a 32-token tile too
+    kind = draw(st.sampled_from(("plain",) * 7 + ("square", "square", "long")))
+    if kind == "long":  # in-features past a 256..4096-element block: the reduction of every scale and of the sum
+        lo, hi = draw(st.sampled_from(LONG_ROWS))
+        d_in = multiple_of * draw(st.integers(-(-lo // multiple_of), max(-(-lo // multiple_of), hi // multiple_of)))
+        n, d_out = draw(st.integers(1, 4)), draw(st.integers(1, 8))
+        event(f"quantized_linear case: {d_in} in-features, past {lo - 1}")
+    else:
+        d_in = multiple_of * draw(st.integers(max(1, -(-least // multiple_of)), max(1, 128 // multiple_of)))
+        n = draw(st.one_of(st.integers(1, 24), st.integers(25, 64)))  # past a 32-token tile too
+        d_out = draw(st.integers(1, 32))
+        if kind == "square":  # w (d, d), and x (d, d) when it fits: a kernel that sniffs (in, out) from the shape
+            d_out = d_in
+            n = d_in if d_in <= 64 else n
+        event(f"quantized_linear case: {'square' if d_out == d_in else 'rectangular'} weight")
     outliers = draw(st.sets(st.integers(0, d_in - 1), min_size=min_outliers, max_size=min(3, d_in - plain_columns)))
     calib_outliers = draw(st.one_of(st.none(), st.sets(st.integers(0, d_in - 1), max_size=3).map(sorted).map(tuple)))
-    lead = draw(st.sampled_from([(n,), (1, n)] + [(a, n // a) for a in (2, 3, 4) if n % a == 0]
-                                + ([()] if n == 1 else []))) if leading_dims else None
+    lead = draw(st.sampled_from([(n,), (1, n)] + [(a, n // a) for a in (2, 3, 4) if n % a == 0])) \
+        if leading_dims else None  # 1-d and 4-d x: every example of test_any_leading_dims
     return LinearCase(
-        n=n, d_in=d_in, d_out=draw(st.integers(1, 32)), bits=draw(st.integers(2, 8)),
+        n=n, d_in=d_in, d_out=d_out, bits=draw(st.sampled_from(bits)),
         dtype=draw(st.sampled_from(dtypes)), seed=draw(seeds), outliers=tuple(sorted(outliers)),
         zero_tokens=draw(st.integers(1, n)) if zero_tokens else 0, calib=draw(st.booleans()),
         device=draw(st.sampled_from(devices)), calib_outliers=calib_outliers, lead=lead,
@@ -82,11 +97,12 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
 
 @st.composite
 def outlier_batch_pairs(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
-                        multiple_of: int = 1) -> tuple[LinearCase, LinearCase]:
+                        multiple_of: int = 1, bits: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
+                        ) -> tuple[LinearCase, LinearCase]:
     """Two batches of the same shapes whose outlier columns are different, non-empty sets; x may be 1-D or 3-D
     (outlier columns are found over the whole batch, every sequence of it)."""
     first = draw(linear_cases(dtypes=dtypes, devices=devices, multiple_of=multiple_of, min_outliers=1,
-                              plain_columns=1, leading_dims=True))  # a column left for the second batch's outliers
+                              plain_columns=1, leading_dims=True, bits=bits))  # a column left for the second's outliers
     others = [j for j in range(first.d_in) if j not in first.outliers]
     second = draw(st.sets(st.sampled_from(others), min_size=1, max_size=min(3, len(others))))
     return first, LinearCase(**{**first.__dict__, "seed": draw(seeds), "outliers": tuple(sorted(second))})

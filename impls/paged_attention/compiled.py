@@ -5,10 +5,12 @@ and streams its keys and values once for the G * Nq query rows of that kv head, 
 (m, l, o) per row.  Invariant: after each block, o / l is exact attention over the keys seen so far; slots
 past seq_lens[b] are never read.  vLLM csrc/attention (paged_attention_kernel); Kwon et al. 2023, Sec. 4.1.
 
-The C file is compiled on first call (never at import) with the system C compiler into a cache directory
-keyed by a hash of source, flags, compiler version and CPU, and called through ctypes on the tensors'
-data pointers.  Registered only where a C compiler is on PATH; compilation errors are raised with the
-compiler's output.
+The C file is compiled on first call (never at import) with the system C compiler into a private cache
+directory (mode 0700, owned by this user) under a name keyed by a hash of source, flags, compiler version
+and CPU, and called through ctypes on the tensors' data pointers.  A library is loaded only if its SHA-256
+matches the digest written when it was built: a tampered or foreign file is rebuilt, never loaded (loading
+runs its constructors).  Registered only where a C compiler is on PATH; compilation errors are raised with
+the compiler's output.
 """
 
 import ctypes
@@ -49,8 +51,31 @@ def _cpu_flags() -> str:
         return ""
 
 
+def _private(directory: Path) -> Path:
+    """``directory``, created 0700 if absent; refused if another user owns it, made 0700 if group/others could
+    write into it (a library placed there by someone else must never be loaded)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise RuntimeError(f"paged_attention compiled_c: the kernel cache {directory} belongs to another user; "
+                           "point XDG_CACHE_HOME at a directory of your own")
+    if info.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+    return directory
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def verified(target: Path) -> bool:
+    """The library exists and its content is what this process's build wrote (its recorded SHA-256)."""
+    record = target.with_suffix(".sha256")
+    return target.is_file() and record.is_file() and record.read_text().strip() == _digest(target)
+
+
 def build(directory: Path | None = None) -> Path:
-    """Compile paged_decode.c once per (source, flags, compiler, CPU); return the shared library's path."""
+    """Compile paged_decode.c once per (source, flags, compiler, CPU); return the verified shared library's path."""
     if COMPILER is None:
         raise RuntimeError("paged_attention compiled_c: no C compiler (gcc or cc) on PATH")
     version = subprocess.run([COMPILER, "--version"], capture_output=True, text=True).stdout
@@ -59,10 +84,10 @@ def build(directory: Path | None = None) -> Path:
                                      platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:16]
     directory = directory or cache_dir()
     target = directory / f"paged_decode-{key}.so"
-    if target.exists():
+    if verified(target):
         return target
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        _private(directory)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)  # parallel workers each build their own file ...
     except OSError as exc:
         raise RuntimeError(f"paged_attention compiled_c: cannot write the kernel cache {directory} ({exc}); "
@@ -74,16 +99,23 @@ def build(directory: Path | None = None) -> Path:
         if done.returncode:
             raise RuntimeError(f"paged_attention compiled_c: `{' '.join(command)}` failed "
                                f"(exit {done.returncode}):\n{done.stderr}")
+        record = Path(tmp).with_suffix(".sha256")
+        record.write_text(_digest(Path(tmp)))
         os.replace(tmp, target)  # ... and rename it into place atomically: a reader never sees half a library
+        os.replace(record, target.with_suffix(".sha256"))
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, str(Path(tmp).with_suffix(".sha256"))):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return target
 
 
 @functools.cache
-def library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build()))
+def library(directory: Path | None = None) -> ctypes.CDLL:
+    path = build(directory)
+    if not verified(path):  # replaced between the build and now
+        raise RuntimeError(f"paged_attention compiled_c: {path} changed after it was built; not loading it")
+    lib = ctypes.CDLL(str(path))
     for name in KERNELS.values():
         fn = getattr(lib, name)
         fn.argtypes = [POINTER] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_int, ctypes.c_double, ctypes.c_int]

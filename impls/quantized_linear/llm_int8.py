@@ -10,7 +10,7 @@ Dettmers et al. 2022, "LLM.int8()", section 3.2 (mixed-precision decomposition).
 
 import torch
 
-from harness.contracts.quantized_linear import check_inputs
+from harness.contracts.quantized_linear import check_inputs, no_tokens_output
 from harness.registry import register
 from impls.quantized_linear.w8a8 import w8a8_linear
 
@@ -24,6 +24,8 @@ def outlier_columns(x2: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def llm_int8_linear(x, w, *, bits=8, calib=None, threshold=THRESHOLD, outliers=None):
     check_inputs(x, w, bits, calib)
+    if (empty := no_tokens_output(x, w)) is not None:
+        return empty
     x2 = x.reshape(-1, x.shape[-1])  # (n, in)
     cols = outlier_columns(x2, threshold) if outliers is None else outliers  # (in,)
     keep = (~cols).to(x.dtype)  # (in,)

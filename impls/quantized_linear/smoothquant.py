@@ -8,7 +8,7 @@ fit them.  Xiao et al. 2023, "SmoothQuant", section 4 (eq. 4, migration strength
 
 import torch
 
-from harness.contracts.quantized_linear import check_inputs
+from harness.contracts.quantized_linear import check_inputs, no_tokens_output
 from harness.registry import register
 from impls.quantized_linear.w8a8 import w8a8_linear
 
@@ -32,6 +32,8 @@ def smooth(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> tuple[torch.Ten
 
 def smoothquant_linear(x, w, *, bits=8, calib=None, act="tensor", alpha=ALPHA):
     check_inputs(x, w, bits, calib)
+    if (empty := no_tokens_output(x, w)) is not None:
+        return empty
     w = w.to(x.dtype)
     stats = (x.reshape(-1, x.shape[-1]) if calib is None else calib.to(x.dtype)).abs().amax(dim=0)  # (in,)
     x_s, w_s = smooth(x, w, smoothing_factors(stats, w, alpha))

@@ -10,7 +10,7 @@ Dettmers et al. 2022, "LLM.int8()", section 3.1 (vector-wise quantization); Xiao
 
 import torch
 
-from harness.contracts.quantized_linear import check_inputs
+from harness.contracts.quantized_linear import check_inputs, no_tokens_output
 from harness.registry import register
 from impls.quantization.absmax import quantize_absmax
 
@@ -25,6 +25,8 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def w8a8_linear(x, w, *, bits=8, calib=None, act="token"):
     check_inputs(x, w, bits, calib)
+    if (empty := no_tokens_output(x, w)) is not None:
+        return empty
     x2 = x.reshape(-1, x.shape[-1])  # (n, in)
     qx = quantize_absmax(x2, bits, "channel" if act == "token" else "tensor")  # scales (n, 1) or (1, 1)
     qw = quantize_absmax(w.to(x.dtype), bits, "channel")  # scales (out, 1)

@@ -9,7 +9,7 @@ Xiao et al. 2023, "SmoothQuant", appendix (fake quantization, per-token dynamic 
 import torch
 
 from harness.contracts.quantization import qmax
-from harness.contracts.quantized_linear import check_inputs
+from harness.contracts.quantized_linear import check_inputs, no_tokens_output
 from harness.registry import register
 
 
@@ -23,6 +23,8 @@ def codes_f64(t: torch.Tensor, bits: int, guard_zero: bool = True):
 
 def w8a8_emulated(x, w, *, bits=8, calib=None, guard_zero=True):
     check_inputs(x, w, bits, calib)
+    if (empty := no_tokens_output(x, w)) is not None:
+        return empty
     qx, sx = codes_f64(x.reshape(-1, x.shape[-1]), bits, guard_zero)  # (n, in), (n, 1)
     qw, sw = codes_f64(w, bits)  # (out, in), (out, 1)
     y = (qx @ qw.T) * sx * sw.T  # (n, out): exact integer sums, then two roundings

@@ -1,0 +1,21 @@
+"""Adapters of third-party libraries to the harness's contracts, one file per library.
+
+The entry point ``external`` (pyproject.toml, group harness.impls): importing the package registers every
+adapter below, each with an ``unavailable`` reason where its library is not installed (the ``external``
+extra installs the CPU ones; flash-attn, FlashInfer, xFormers and vLLM need CUDA builds).  A real bug of a
+library, found by a property, is recorded next to its adapter with `harness.registry.known_failure`.
+"""
+
+from impls.external import (  # noqa: F401 - imported to register
+    bitsandbytes_int8,
+    common,
+    flash_attn_kernels,
+    flashinfer_kernels,
+    gguf_quants,
+    torch_ao_observers,
+    torchao_affine,
+    transformers_attention,
+    transformers_speculative,
+    vllm_ops,
+    xformers_kernels,
+)

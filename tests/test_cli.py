@@ -1,0 +1,130 @@
+"""The command line as a user and a CI script meet it: exit codes, the JSON document, the reproduce line,
+quiet pipes, and Ctrl-C.
+
+Exit codes (harness/cli.py): 0 everything that should pass passed, 1 a property failed, 2 a usage error,
+130 interrupted.  The JSON schema is docs/verdicts.md."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).with_name("misbehaving_plugins.py")
+STOP_WITHIN_S = 2.0
+
+
+def harness(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, **kw)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["check", "attentio"], "unknown technique 'attentio'"),
+    (["check", "attention", "--plugin", "no_such_file.py:attention"], "no such file 'no_such_file.py'"),
+    (["check", "attention", "--plugin", "attention_without_attr"], "--plugin must be MODULE:ATTR or FILE.py:ATTR"),
+    (["check", "attention", "--plugin", "no_such_module_anywhere:f"], "no module named 'no_such_module_anywhere'"),
+    (["check", "attention", "--impl", "fa9"], "no implementation fa9 of attention"),
+    (["check", "attention", "--property", "no_such_law"], "unknown ['no_such_law']"),
+    (["check", "attention", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["mutants", "attentio"], "unknown technique 'attentio'"),
+    (["list", "attentio"], "unknown technique 'attentio'"),
+])
+def test_usage_errors_exit_2_with_one_line(args, says):
+    proc = harness(*args)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-1000:])
+    assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1000:]
+
+
+def test_pass_is_0_and_fail_is_1():
+    ok = harness("check", "attention", "--plugin", f"{PLUGINS}:correct", "--property", "matches_reference")
+    bad = harness("check", "attention", "--plugin", f"{PLUGINS}:zeros", "--property", "matches_reference")
+    assert (ok.returncode, bad.returncode) == (0, 1), ok.stdout[-1000:] + bad.stdout[-1000:]
+
+
+def test_json_to_stdout_is_the_versioned_document():
+    """`--json -`: the document on stdout (the matrix goes to stderr), every field docs/verdicts.md lists."""
+    proc = harness("check", "attention", "--plugin", f"{PLUGINS}:zeros", "--property", "matches_reference",
+                   "--json", "-")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    document = json.loads(proc.stdout)
+    documented = set(re.findall(r"^\| `(\w+)` \|", (ROOT / "docs" / "verdicts.md").read_text(), re.M))
+    present = set(document) | set(document["verdicts"][0]) | set(document["machine"]) | set(
+        document["implementations"][0])
+    assert documented and documented <= present, f"documented but absent: {sorted(documented - present)}"
+    assert (document["schema"], document["schema_version"]) == ("llm-inference-harness/verdicts", 1)
+    v = document["verdicts"][0]
+    assert (v["impl"], v["property"], v["status"]) == ("zeros", "matches_reference", "FAIL")
+    assert "implementation x property" in proc.stderr
+
+
+def test_a_failure_reproduces_with_the_harness_command_alone():
+    """The reproduce line replays the failing example (a blob Hypothesis printed), and Hypothesis's advice to
+    decorate a test function -- which a plugin author does not have -- is not shown."""
+    proc = harness("check", "attention", "--plugin", f"{PLUGINS}:nan", "--property", "matches_reference")
+    assert "@reproduce_failure" not in proc.stdout and "decorator" not in proc.stdout, proc.stdout[-3000:]
+    line = re.search(r"reproduce: python -m harness (check .*)", proc.stdout).group(1)
+    assert "--reproduce " in line, line
+    again = harness(*line.replace("--profile ci", "--profile dev").split())  # dev draws randomly: only the blob
+    assert again.returncode == 1 and "returned a non-finite value" in again.stdout, again.stdout[-3000:]
+
+
+def test_list_into_a_closed_pipe_ends_quietly():
+    proc = subprocess.run(f"{sys.executable} -m harness list | head -1", shell=True, capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, (
+        proc.stderr[-2000:])
+
+
+def test_list_prints_the_capability_table():
+    proc = harness("list", "attention", "--caps")
+    assert proc.returncode == 0
+    assert re.search(r"returns_lse\s+bool\s+\(default False\)", proc.stdout), proc.stdout[:2000]
+
+
+def _children(pid: int) -> set[int]:
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
+    return {int(p) for p, parent in (line.split() for line in ps.splitlines()) if int(parent) == pid}
+
+
+def _alive(pids: set[int]) -> set[int]:
+    ps = subprocess.run(["ps", "-eo", "pid=,stat="], capture_output=True, text=True).stdout
+    return {int(p) for p, stat in (line.split() for line in ps.splitlines()) if int(p) in pids and "Z" not in stat}
+
+
+def output_of(proc: subprocess.Popen) -> str:
+    proc.kill()
+    return proc.communicate()[0][-2000:]
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_ctrl_c_stops_within_two_seconds_and_leaves_nothing_half_written(command, tmp_path):
+    """SIGINT while a call is running (the plugin sleeps inside it): the harness ends its checking processes,
+    exits 130 within two seconds, and writes no verdict file, partial or whole."""
+    out = tmp_path / "out"
+    args = (["check", "attention", "--plugin", f"{PLUGINS}:sleeps", "--json", str(out / "v.json")]
+            if command == "check" else ["run", "--no-bench", "--no-report", "--jobs", "1"])
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "HARNESS_OUT": str(out)})
+    deadline, children = time.monotonic() + 240, set()
+    while not children and time.monotonic() < deadline:
+        time.sleep(0.2)  # wait for a checking process to exist
+        children = _children(proc.pid)
+    assert children, output_of(proc)
+    time.sleep(2.0)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, output[-2000:]
+    assert took <= STOP_WITHIN_S, f"stopped {took:.1f} s after Ctrl-C"
+    assert "Traceback" not in output, output[-2000:]
+    assert _alive(children) == set(), "a checking process outlived the harness"
+    left = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+    assert left == [], f"files left behind: {left}"

@@ -1,0 +1,95 @@
+"""The harness inside another project's CI: build the wheel, install it into a fresh virtual environment in a
+temporary folder (torch and the other heavy dependencies are borrowed from this environment, so no download), and
+run our attention properties against a downstream package's kernel with pytest's normal reporting.  Nothing may be
+written into site-packages."""
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = '''
+import torch
+from harness import declare
+from harness.contracts.attention import check_inputs
+
+
+@declare(dtypes=("float32", "float64"))
+def attention(q, k, v, *, causal=False, scale=None):
+    scale = check_inputs(q, k, v, scale, causal)
+    G = q.shape[1] // k.shape[1]
+    s = q @ k.repeat_interleave(G, dim=1).transpose(-1, -2) * scale  # (B, H, Nq, Nk)
+    Nq, Nk = s.shape[-2:]
+    visible = torch.ones(Nq, Nk, dtype=torch.bool).tril(Nk - Nq) if causal else torch.ones(Nq, Nk, dtype=torch.bool)
+    p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
+    return torch.where(visible.any(-1, keepdim=True), p, 0) @ v.repeat_interleave(G, dim=1)
+
+
+@declare(dtypes=("float32", "float64"))
+def forgets_the_scale(q, k, v, *, causal=False, scale=None):
+    return attention(q, k, v, causal=causal, scale=1.0)
+'''
+
+
+def run(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=900, **kw)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(python of a fresh venv holding the wheel, its site-packages, a downstream project folder)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist",
+                ROOT)
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = next((tmp / "dist").glob("llm_inference_harness-*.whl"))
+    assert run(sys.executable, "-m", "venv", tmp / "venv").returncode == 0
+    python = tmp / "venv" / "bin" / "python"
+    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch & co.
+    done = run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel)
+    assert done.returncode == 0, done.stderr[-3000:]
+    project = tmp / "downstream"
+    (project / "my_pkg").mkdir(parents=True)
+    (project / "my_pkg" / "__init__.py").write_text("")
+    (project / "my_pkg" / "kernels.py").write_text(KERNELS)
+    return python, site, project
+
+
+def files_under(site: Path) -> set[Path]:
+    return {p for name in ("harness", "impls", "properties") for p in (site / name).rglob("*")}
+
+
+def test_the_wheel_is_what_runs(installed):
+    python, site, project = installed
+    where = run(python, "-c", "import harness, properties; print(harness.__file__, properties.__file__)", cwd=project)
+    assert all(Path(p).is_relative_to(site) for p in where.stdout.split()), where.stdout + where.stderr
+
+
+def test_our_properties_run_in_a_downstream_pytest_session(installed):
+    python, site, project = installed
+    before = files_under(site)
+    ok = run(python, "-m", "pytest", "--pyargs", "properties.test_attention", "--harness-impl",
+             "attention=my_pkg.kernels:attention", "-q", "-p", "no:cacheprovider", "-k",
+             "matches_reference or rejects_bad_input or empty_shapes", cwd=project)
+    assert ok.returncode == 0 and " passed" in ok.stdout, ok.stdout[-3000:] + ok.stderr[-2000:]
+    assert "[attention]" in ok.stdout or "3 passed" in ok.stdout, ok.stdout[-2000:]
+    bad = run(python, "-m", "pytest", "--pyargs", "properties.test_attention", "--harness-impl",
+              "attention=my_pkg.kernels:forgets_the_scale", "-q", "-p", "no:cacheprovider", "-k", "matches_reference",
+              cwd=project)
+    failed = "FAILED" in bad.stdout and "test_matches_reference[forgets_the_scale]" in bad.stdout
+    assert bad.returncode == 1 and failed, bad.stdout[-3000:]
+    assert files_under(site) == before, "running the properties wrote into site-packages"
+
+
+def test_check_runs_from_the_wheel_and_writes_nothing_into_site_packages(installed):
+    python, site, project = installed
+    before = files_under(site)
+    done = run(python, "-m", "harness", "check", "attention", "--plugin", "my_pkg.kernels:attention", "--property",
+               "matches_reference", "--json", "verdicts.json", cwd=project)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert (project / "verdicts.json").is_file()
+    assert files_under(site) == before
