@@ -228,7 +228,8 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] * (1 - frac) + sorted_values[high] * frac
 
 
-def backfill(n: int = 48, branch: str = "main", bench: str | None = None, results: Path = RESULTS) -> int:
+def backfill(n: int = 48, branch: str = "main", bench: str | None = None, results: Path = RESULTS,
+             first: str | None = None) -> int:
     machine = {k: v for k, v in provenance.asv_machine().items()}
     folder = results / machine["machine"]
     folder.mkdir(parents=True, exist_ok=True)
@@ -240,7 +241,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     head_python, head_src = compare.prepare("HEAD")
     with compare.Worker(head_python, head_src, suite / "benchmarks", script=suite / "benchworker.py") as w:
         cases = w.cases(bench or asvrun.regex(asvrun.QUICK))
-    start = since(sorted({name for name, _ in cases}), branch)
+    start = first or since(sorted({name for name, _ in cases}), branch)
     commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", f"{start}^..{branch}").split(), n)
     done_file = compare.ENVS / f"backfill-{machine['machine']}.done"  # commits measured with this suite
     versions = {name: benchmarks[name]["version"] for name, _ in cases}
@@ -285,12 +286,14 @@ def main() -> int:
     b.add_argument("--branch", default="main")
     b.add_argument("--bench", metavar="REGEX", help="other cases than the quick pass's headline ones")
     b.add_argument("--results", type=Path, default=RESULTS, help="where to write (default: the committed results/)")
+    b.add_argument("--since", metavar="COMMIT", help="the first commit to measure (default: the first whose "
+                   "benchmarks/ defines one of the cases' classes)")
     nm = sub.add_parser("normalize", help="give result files their machine's fields and interpreter version")
     nm.add_argument("results", nargs="?", type=Path, default=RESULTS)
     nm.add_argument("--python", help="the interpreter version to record where a path was (default: this one's)")
     args = parser.parse_args()
     if args.what == "backfill":
-        return backfill(args.commits, args.branch, args.bench, args.results)
+        return backfill(args.commits, args.branch, args.bench, args.results, args.since)
     print(f"normalize: {normalize(args.results, args.python)} files rewritten")
     return 0
 
