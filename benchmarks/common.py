@@ -72,7 +72,7 @@ def resolve_impl(technique: str, name: str, device: torch.device, dtype: str = "
     impl = REGISTRY.get((technique, name))
     if impl is None:
         raise NotImplementedError(f"{name} is not registered at this commit")
-    if impl.unavailable:
+    if getattr(impl, "unavailable", None):  # an adapter of a missing library (older commits have no such field)
         raise NotImplementedError(impl.unavailable)
     if device.type not in impl.devices or dtype not in impl.dtypes:
         raise NotImplementedError(f"{name} declares devices {impl.devices} and dtypes {impl.dtypes}")
