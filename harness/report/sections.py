@@ -168,7 +168,8 @@ def attention_time(r: Report) -> None:
     from harness.registry import get, impls
 
     candidates = {i.name: i.fn for i in impls("attention") if i.name not in ("reference", "sdpa")
-                  and "cpu" in i.devices and "float32" in i.dtypes}
+                  and "cpu" in i.devices and "float32" in i.dtypes and not i.unavailable
+                  and not i.source.startswith("impls.external")}  # third-party speed: harness/report/external.py
     sdpa = get("attention", "sdpa").fn
     Ns, rounds, pick_at = [256, 512, 1024, 2048], 5, 1024
     threads = torch.get_num_threads()
