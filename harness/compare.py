@@ -315,11 +315,11 @@ def table(results: list[Result], a: str, b: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ validation
-def copies(fractions: list[float], repo: Path = ROOT) -> tuple[Path, str, dict[float, str]]:
-    """A scratch clone of ``repo`` at HEAD and, per fraction f, a commit on top of it whose
+def copies(fractions: list[float], repo: Path = ROOT, at: str = "HEAD") -> tuple[Path, str, dict[float, str]]:
+    """A scratch clone of ``repo`` at ``at`` and, per fraction f, a commit on top of it whose
     harness.calibrated.COST is 1 + f (f = 0: only a comment changes).  Commit dates are fixed, so the same
     HEAD gives the same copies (and their environments are reused)."""
-    head = git(repo, "rev-parse", "HEAD")
+    head = git(repo, "rev-parse", f"{at}^{{commit}}")
     scratch = ENVS / f"copies-{head[:12]}"
     if not (scratch / ".git").is_dir():
         shutil.rmtree(scratch, ignore_errors=True)
@@ -341,11 +341,12 @@ def copies(fractions: list[float], repo: Path = ROOT) -> tuple[Path, str, dict[f
     return scratch, head, made
 
 
-def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out: Path | None = None) -> dict:
+def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out: Path | None = None,
+          at: str = "HEAD") -> dict:
     """Compare the original with each copy ``comparisons`` times, the fractions taking turns so that the
     machine's load falls on all of them alike; per fraction, how often the verdict was ``slower``, the
     ratios, and the seconds per comparison (fresh workers each time, environments already built)."""
-    scratch, base, made = copies(fractions)
+    scratch, base, made = copies(fractions, at=at)
     for commit in [base, *made.values()]:
         prepare(commit, scratch)
     tally = {f: {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [], "seconds": []}
@@ -412,12 +413,14 @@ def main() -> int:
     parser.add_argument("--power", nargs="*", type=float, metavar="FRACTION",
                         help="validate instead: compare copies whose calibrated cost is raised by these fractions")
     parser.add_argument("--comparisons", type=int, default=40, help="with --power: comparisons per fraction")
+    parser.add_argument("--at", default="HEAD", help="with --power: the commit to copy (default HEAD; an earlier "
+                        "one reuses the environments its copies already have)")
     parser.add_argument("--out", type=Path, help="with --power: where to write the tally (default: "
                         "<output_root>/compare-power.json)")
     args = parser.parse_args()
     if args.power is not None:
         out = args.out or provenance.output_root() / "compare-power.json"
-        power(args.power or [0.0, 0.05, 0.10, 0.20], args.comparisons, rounds=args.rounds, out=out)
+        power(args.power or [0.0, 0.05, 0.10, 0.20], args.comparisons, rounds=args.rounds, out=out, at=args.at)
         print(f"power: {out}")
         return 0
     return run(args)
