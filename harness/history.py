@@ -229,7 +229,7 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def backfill(n: int = 48, branch: str = "main", bench: str | None = None, results: Path = RESULTS,
-             first: str | None = None) -> int:
+             first: str | None = None, shard: tuple[int, int] = (0, 1)) -> int:
     machine = {k: v for k, v in provenance.asv_machine().items()}
     folder = results / machine["machine"]
     folder.mkdir(parents=True, exist_ok=True)
@@ -249,7 +249,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     lines = done_file.read_text().split() if done_file.is_file() else []
     done = set(lines[1:]) if lines[:1] == [stamp] else set()
     done |= {sha for sha in commits if _measured(folder, sha, versions)}
-    todo = [c for c in coarse_to_fine(commits) if c not in done]
+    todo = [c for c in coarse_to_fine(commits) if c not in done][shard[0]::shard[1]]
     print(f"backfill: {len(cases)} cases x {len(todo)} commits of {branch} ({len(commits) - len(todo)} done) "
           f"into {folder}", flush=True)
     if not done:
@@ -286,6 +286,8 @@ def main() -> int:
     b.add_argument("--branch", default="main")
     b.add_argument("--bench", metavar="REGEX", help="other cases than the quick pass's headline ones")
     b.add_argument("--results", type=Path, default=RESULTS, help="where to write (default: the committed results/)")
+    b.add_argument("--shard", default="0/1", metavar="K/N", help="measure every N-th commit left to do, from the "
+                   "K-th (0-based): N backfills in parallel, one per core, K = 0 .. N-1")
     b.add_argument("--since", metavar="COMMIT", help="the first commit to measure (default: the first whose "
                    "benchmarks/ defines one of the cases' classes)")
     nm = sub.add_parser("normalize", help="give result files their machine's fields and interpreter version")
@@ -293,7 +295,8 @@ def main() -> int:
     nm.add_argument("--python", help="the interpreter version to record where a path was (default: this one's)")
     args = parser.parse_args()
     if args.what == "backfill":
-        return backfill(args.commits, args.branch, args.bench, args.results, args.since)
+        k, n = map(int, args.shard.split("/"))
+        return backfill(args.commits, args.branch, args.bench, args.results, args.since, (k, n))
     print(f"normalize: {normalize(args.results, args.python)} files rewritten")
     return 0
 
