@@ -250,7 +250,8 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     done = set(lines[1:]) if lines[:1] == [stamp] else set()
     done |= {sha for sha in commits if _measured(folder, sha, versions)}
     todo = [c for c in coarse_to_fine(commits) if c not in done][shard[0]::shard[1]]
-    print(f"backfill: {len(cases)} cases x {len(todo)} commits of {branch} ({len(commits) - len(todo)} done) "
+    print(f"backfill: {len(cases)} cases x {len(todo)} commits of {branch} (shard {shard[0]}/{shard[1]}; "
+          f"{len(done & set(commits))} of {len(commits)} done before) "
           f"into {folder}", flush=True)
     if not done:
         done_file.write_text(stamp + "\n")
