@@ -141,9 +141,10 @@ def ratio_figure(ratios: dict[str, dict[int, list[float]]], tiled: list[str], ot
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.4), sharex=True)
     for ax, names, title in ((axes[0], tiled, "tiled kernels (FlashAttention-1/2 families)"),
                              (axes[1], others, "the others")):
-        for name in names:
+        for j, name in enumerate(names):
             q25, q50, q75 = zip(*(_quartiles(ratios[name][N]) for N in Ns), strict=True)
-            ax.errorbar(Ns, q50, yerr=[[m - lo for m, lo in zip(q50, q25, strict=True)],
+            dodge = 2 ** (0.03 * (j - (len(names) - 1) / 2))  # side by side at each N: no bar hides another
+            ax.errorbar([N * dodge for N in Ns], q50, yerr=[[m - lo for m, lo in zip(q50, q25, strict=True)],
                                        [hi - m for m, hi in zip(q50, q75, strict=True)]],
                         label=f"{name} (best {_family(name)})" if _family(name) != name else name, capsize=3,
                         lw=1.2, ms=5, **styles[name])
