@@ -55,6 +55,12 @@ class ComparisonPower:
 
     track_slower_verdicts.unit = "fraction"
 
+    def track_changed_verdicts(self, tally, fraction):
+        """Share called slower or faster: at 0 the two-sided false-alarm rate (the gate fails on slower only)."""
+        return (tally[fraction]["slower"] + tally[fraction]["faster"]) / tally[fraction]["n"]
+
+    track_changed_verdicts.unit = "fraction"
+
     def track_seconds_per_comparison(self, tally, fraction):
         import statistics
 
