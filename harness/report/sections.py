@@ -122,12 +122,12 @@ def _legend_below(ax, ncol: int = 2) -> None:
 
 
 def _plain_log_ticks(ax, axis: str = "y") -> None:
-    """Log-axis ticks as plain numbers (2, 3, 5 ...), not 2 x 10^0."""
+    """Log-axis ticks as plain numbers (1, 2, 3, 5, 10 ...), not 2 x 10^0."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     fmt = FuncFormatter(lambda x, _: f"{x:g}")
     target = ax.yaxis if axis == "y" else ax.xaxis
-    target.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    target.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))  # a narrow range still gets 2-3 labels
     target.set_major_formatter(fmt)
     target.set_minor_formatter(FuncFormatter(lambda x, _: ""))
 
