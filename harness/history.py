@@ -150,7 +150,8 @@ def discover(results: Path) -> dict:
 def measure_commit(python: Path, src: Path, cases: list[tuple[str, tuple]], suite: Path) -> dict[tuple, dict]:
     """{case: {"samples": [...], "started_at": ms, "duration": s} or {"skip": why}} at one commit, with the
     benchmark suite (and worker) in ``suite``; a worker that dies or hangs costs its case only."""
-    start = lambda: compare.Worker(python, src, suite / "benchmarks", limit_s=600, script=suite / "benchworker.py")
+    start = lambda: compare.Worker(python, src, suite / "benchmarks", limit_s=1800,  # a loaded machine: ~10 min a case
+                                   script=suite / "benchworker.py")
     out, worker = {}, start()
     for case in cases:
         try:
