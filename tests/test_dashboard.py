@@ -103,16 +103,19 @@ def test_every_technique_is_listed(html, server, browser):
 
 def longest_committed_series(benchmark: str) -> int:
     """The most commits at which one committed series (machine, environment, parameter combination) has a value
-    of ``benchmark``: what its dashboard graph must draw as one line."""
+    of ``benchmark`` at its current version: what its dashboard graph must draw as one line."""
     import json
 
+    version = json.loads((ROOT / "results" / "benchmarks.json").read_text())[benchmark]["version"]
     commits: dict[tuple, set] = {}
     for path in (ROOT / "results").glob("*/*-*.json"):
         if not (path.parent / "machine.json").is_file():  # results/local/: this machine's runs, not published
             continue
         data = json.loads(path.read_text())
-        entry = data["results"].get(benchmark)
-        for i, value in enumerate(entry[0] if entry and isinstance(entry[0], list) else []):
+        entry = dict(zip(data["result_columns"], data["results"].get(benchmark) or [], strict=False))
+        if entry.get("version") != version:  # asv draws a benchmark's results at its current code only
+            continue
+        for i, value in enumerate(entry["result"] if isinstance(entry["result"], list) else []):
             if value is not None and value == value:  # NaN: not run
                 commits.setdefault((path.parent.name, data["env_name"], i), set()).add(data["commit_hash"])
     return max(map(len, commits.values()), default=0)
