@@ -26,7 +26,7 @@ from benchmarks.invariance_cost import alternating_ratio, fastest
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.attention", "harness.online_softmax")
+    require("harness.contracts.attention")
 
 
 IMPLS = [n for n in impl_names("attention") if n != "reference"]

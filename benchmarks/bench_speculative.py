@@ -7,7 +7,7 @@ Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts fr
 
 import time
 
-from benchmarks.common import DEVICES, require, resolve_device, resolve_impl
+from benchmarks.common import DEVICES, registered, require, resolve_device, resolve_impl
 from benchmarks.invariance_cost import alternating_ratio
 
 
@@ -23,11 +23,7 @@ SAMPLER = "cached"  # the KV-cached speculative sampler whose speed the wall-clo
 
 def _enumerable() -> list[str]:
     """Registered samplers that draw through an Rng and sample (greedy is deterministic)."""
-    try:
-        from harness.registry import impls
-    except ImportError:  # an older commit without the harness
-        return []
-    return [i.name for i in impls("speculative") if i.caps.rng != "own" and not i.caps.greedy]
+    return [i.name for i in registered("speculative") if i.caps.rng != "own" and not i.caps.greedy]
 
 
 def _models():
@@ -120,8 +116,12 @@ class Enumeration:
 
     def setup(self, impl, device):
         from harness.lm import TableLM
-        from harness.strategies.common import generator
-        from harness.strategies.speculative import probability_table
+
+        try:
+            from harness.strategies.common import generator
+            from harness.strategies.speculative import probability_table
+        except ImportError:  # before the strategies became one module per technique (a438844)
+            from harness.strategies import generator, probability_table
 
         self.fn = _enumerable_sampler(impl, device)
         g = generator(0)

@@ -4,8 +4,10 @@ Benchmark files import only this and the harness; building tensors happens in ``
 forkserver deadlocks children when torch computes at import time).
 """
 
+import copy
 import statistics
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -30,13 +32,36 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def impl_names(technique: str) -> list[str]:
-    """Every registered non-mutant implementation (plugins included): the benchmark grid follows the registry."""
+class _MappingCaps:
+    """An older commit's capabilities -- a mapping, before each contract declared a typed Caps -- read as
+    attributes (undeclared ones are None), so the benchmarks run over the project's whole history."""
+
+    def __init__(self, caps: Mapping) -> None:
+        self._caps = dict(caps)
+
+    def __getattr__(self, name: str):
+        return self._caps.get(name)
+
+
+def _typed(impl):
+    if isinstance(getattr(impl, "caps", None), Mapping):
+        impl = copy.copy(impl)
+        object.__setattr__(impl, "caps", _MappingCaps(impl.caps))
+    return impl
+
+
+def registered(technique: str) -> list:
+    """Every registered non-mutant implementation (plugins included), capabilities read as attributes."""
     try:
         from harness.registry import impls
     except ImportError:  # an older commit without the harness: asv skips, nothing crashes
         return []
-    return [i.name for i in impls(technique)]
+    return [_typed(i) for i in impls(technique)]
+
+
+def impl_names(technique: str) -> list[str]:
+    """Every registered implementation's name: the benchmark grid follows the registry."""
+    return [i.name for i in registered(technique)]
 
 
 def resolve_impl(technique: str, name: str, device: torch.device, dtype: str = "float32"):
@@ -47,11 +72,11 @@ def resolve_impl(technique: str, name: str, device: torch.device, dtype: str = "
     impl = REGISTRY.get((technique, name))
     if impl is None:
         raise NotImplementedError(f"{name} is not registered at this commit")
-    if impl.unavailable:
+    if getattr(impl, "unavailable", None):  # an adapter of a missing library (older commits have no such field)
         raise NotImplementedError(impl.unavailable)
     if device.type not in impl.devices or dtype not in impl.dtypes:
         raise NotImplementedError(f"{name} declares devices {impl.devices} and dtypes {impl.dtypes}")
-    return impl
+    return _typed(impl)
 
 
 def require(*modules: str) -> None:

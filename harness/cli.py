@@ -1,4 +1,4 @@
-"""Command line: ``python -m harness list | check | mutants | run | gate | report``.
+"""Command line: ``python -m harness list | check | mutants | run | compare | gate | report``.
 
 The checking itself is harness.runner's: each implementation runs in its own child process, so whatever a
 plugin does becomes a verdict and the run goes on.  This module parses arguments, prints progress and the
@@ -82,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-bench", action="store_true", help="skip the quick benchmark pass")
     run.add_argument("--no-report", action="store_true", help="skip writing the report")
     run.set_defaults(func=cmd_run)
+
+    from harness import compare
+
+    cmp = sub.add_parser("compare", help="A/B: HEAD / BASE per benchmark case in interleaved rounds, with a 99% "
+                                         "interval and a verdict (or two implementations: --impls A B)")
+    compare.add_arguments(cmp)
+    cmp.set_defaults(func=compare.run)
 
     gate = sub.add_parser("gate", help="regression gate: HEAD against BASE, interleaved A/B rounds")
     gate.add_argument("base")

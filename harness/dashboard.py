@@ -63,9 +63,10 @@ def publish(html_dir: Path = HTML, results: list[Path] | None = None) -> int:
 
 
 def vendorize(html_dir: Path) -> None:
-    """Copy the vendored scripts into html_dir/vendor and rewrite CDN links in its html files."""
+    """Copy the vendored scripts into html_dir/vendor, rewrite CDN links in its html files, and apply our
+    legibility changes (`legible`)."""
     (html_dir / "vendor").mkdir(exist_ok=True)
-    for name in set(LOCAL.values()):
+    for name in set(LOCAL.values()) | {"harness.css"}:
         shutil.copy(ASSETS / name, html_dir / "vendor" / name)
     for page in html_dir.glob("*.html"):
         text = page.read_text()
@@ -78,6 +79,31 @@ def vendorize(html_dir: Path) -> None:
         left = [u for u in re.findall(r'(?:src|href)="(https://[^"]+)"', page.read_text()) if "cdn" in u]
         if left:
             raise RuntimeError(f"{page}: CDN links without a vendored copy: {left}")
+    legible(html_dir)
+
+
+def legible(html_dir: Path) -> None:
+    """A graph's legend goes into a column beside the plot (flot's ``legend.container``) instead of over the
+    data, its labels leave out the fields the machine's name implies (as asv's leave out cpu, ram, os), and the
+    summary grid starts with the headline benchmarks (harness.asvrun.QUICK)."""
+    from harness.asvrun import QUICK
+
+    _patch(html_dir / "index.html", '<div id="graph">', '<div id="graph">\n<div id="harness-legend"></div>')
+    _patch(html_dir / "index.html", "</head>", '<link href="vendor/harness.css" rel="stylesheet" type="text/css"/>\n'
+           f"<script>window.HARNESS_HEADLINE = {json.dumps(list(QUICK))};</script>\n</head>")
+    _patch(html_dir / "graphdisplay.js", 'position: "nw",', 'container: $("#harness-legend"), noColumns: 1,')
+    _patch(html_dir / "graphdisplay.js", "'ram': null", "'ram': null, 'gpu': null, 'num_cpu': null")  # the machine's
+    _patch(html_dir / "summarygrid.js", "var groups = {};",
+           "var groups = {}, headline = $.grep(window.HARNESS_HEADLINE || [], function (n) {"
+           " return n in main_json.benchmarks; });\n"
+           "        if (headline.length) { groups.headline = headline; }")
+
+
+def _patch(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    if text.count(old) != 1:
+        raise RuntimeError(f"{path.name}: expected one {old!r} to patch (asv's page changed?)")
+    path.write_text(text.replace(old, new))
 
 
 def main() -> int:

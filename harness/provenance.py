@@ -1,7 +1,7 @@
 """Where a result came from, and where this machine's results go.
 
 Every verdict file, report table and plot names the machine and the commit its numbers came from.  The
-machine name says what the hardware is (``xeon-platinum-8488c-2c-24g``), so a newcomer's results never
+machine name says what the hardware is (``xeon-amx-2c-24g``), so a newcomer's results never
 land under a committed machine's name; local output goes to an ignored folder of the checkout
 (results/local), or, for an installed wheel, to ./harness-results under the current directory.
 """
@@ -68,6 +68,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def cpu_isa() -> str:
+    """The widest vector extension the CPU reports (amx, avx512, avx2, neon...), "" when unknown: a VM's
+    model name is often generic ("Intel(R) Xeon(R) Processor"), and this is what tells its kernels apart."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith(("flags", "Features"))).split(":", 1)[1].split()
+    except (OSError, StopIteration):
+        return ""
+    return next((isa for isa, flag in (("amx", "amx_tile"), ("avx512", "avx512f"), ("avx2", "avx2"), ("sve", "sve"),
+                                       ("neon", "asimd")) if flag in flags), "")
+
+
 def ram_gib() -> int:
     return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
 
@@ -78,17 +91,20 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
 
 
+def _words(text: str) -> list[str]:
+    text = re.sub(r"\(r\)|\(tm\)|\bcpu\b|processor|@.*|\d+-core", " ", text.lower())
+    return [w for w in re.findall(r"[a-z0-9]+", text) if w not in ("intel", "amd", "nvidia", "genuine", "authentic")]
+
+
 @functools.cache
 def machine_name() -> str:
-    """A name that says what the hardware is: CPU model, cores, RAM (and GPU): ``epyc-7b13-2c-24g``."""
-    words = re.sub(r"\(r\)|\(tm\)|cpu|processor|@.*|\d+-core", " ", cpu_model().lower())
-    words = [w for w in re.findall(r"[a-z0-9]+", words) if w not in ("intel", "amd", "genuine", "authentic")]
-    name = "-".join(words[:3]) or platform.machine()
-    name += f"-{os.cpu_count()}c-{ram_gib()}g"
-    gpu = gpu_name()
-    if gpu:
-        name += "-" + "-".join(re.findall(r"[a-z0-9]+", gpu.lower().replace("nvidia", ""))[:2])
-    return name
+    """A name that says what the hardware is: GPU, CPU model (with its vector extension when the model name
+    has no number), cores, RAM: ``xeon-amx-2c-24g``, ``epyc-7b13-2c-24g``, ``h200-xeon-8480-16c-128g``."""
+    cpu = _words(cpu_model())[:3]
+    if not any(any(c.isdigit() for c in w) for w in cpu) and cpu_isa():
+        cpu.append(cpu_isa())
+    gpu = _words(gpu_name())[:2]
+    return "-".join([*gpu, *(cpu or [platform.machine()]), f"{os.cpu_count()}c", f"{ram_gib()}g"])
 
 
 def machine() -> dict:
@@ -98,6 +114,17 @@ def machine() -> dict:
     return {"name": machine_name(), "cpu": cpu_model(), "cores": os.cpu_count(), "ram_gib": ram_gib(),
             "gpu": gpu_name() or None, "os": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "torch": torch.__version__}
+
+
+def asv_machine() -> dict[str, str]:
+    """This machine as asv records it in results/<name>/machine.json and in every result's parameters, the same
+    fields on every machine: the CPU's model name (and vector extension), cores, RAM in GiB, the GPU in its own
+    field ("none" without one).  The OS is its name only: a kernel's build string differs from one VM to the
+    next of the same hardware, and every field of this is part of each dashboard series' identity."""
+    isa = f" ({cpu_isa()})" if cpu_isa() else ""
+    return {"machine": machine_name(), "arch": platform.machine(), "cpu": cpu_model() + isa,
+            "num_cpu": str(os.cpu_count()), "ram": f"{ram_gib()} GiB", "gpu": gpu_name() or "none",
+            "os": platform.system()}
 
 
 def run_info(profile: str | None = None) -> dict:

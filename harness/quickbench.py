@@ -1,52 +1,57 @@
-"""The main job's quick benchmark pass: asv ``--quick`` on the installed code, then the offline dashboard.
+"""The main job's quick benchmark pass, the full sweep, and the regression gate.
 
-Results land in results/<machine>/ under the current commit and the dashboard in results/html.
+The quick pass (asvrun.QUICK: the headline ratios, about 2 minutes on 2 shared cores) and the full sweep
+(every benchmark, asv --quick: docs/benchmarks.md has its duration) measure the installed code through asv
+into this machine's ignored results folder (asvrun.local_results(): results/local/asv/<machine>/), then
+publish the dashboard of those and the committed results into results/local/html.  After a run,
+`history.normalize` gives the new result files the environment identity the committed ones have (the
+interpreter's version, not its path), so one machine's results form one series.
+
+    python -m harness.quickbench quick     # what `python -m harness run` runs
+    python -m harness.quickbench full      # every benchmark
 """
 
 from __future__ import annotations
 
-import shutil
+import argparse
 import subprocess
-import sys
-from pathlib import Path
+import time
 
-from harness.dashboard import publish
-
-ROOT = Path(__file__).resolve().parents[1]
+from harness import provenance
+from harness.asvrun import FULL, GATE, QUICK, ROOT, asv, local_results, regex
 
 
-# The main job's pass: one benchmark class or more per technique, the ones that run in well under two
-# minutes here (measured).  The whole suite (`asv run --quick ...` without --bench) takes much longer.
-QUICK = "^(" + "|".join([
-    r"bench_attention\.(SdpaRatio|ModelledHBMTraffic)",
-    r"bench_attention_backward\.AttentionBackward\.track_backward_peak_memory",
-    r"bench_kvcache\.(PrefillVsDecode|CachedVsRecompute|MemoryRoofline)",
-    r"bench_paging\.(ServingSimulator|PagedDecodeAttention\.track_paged_over_contiguous)",
-    r"bench_quantization\.QuantizerError",
-    r"bench_speculative\.Enumeration\.time_vocab4",
-]) + ")"
+def run_quick(bench: str | None = None, *, full: bool = False) -> int:
+    """asv --quick of the installed code (QUICK, or every benchmark when ``full``) into local_results(), then
+    the dashboard of this machine's and the committed results in output_root()/html."""
+    from harness import history
+    from harness.dashboard import publish
 
-
-def run_quick(bench: str | None = QUICK) -> int:
     if not (ROOT / "asv.conf.json").is_file():
         print("quick benchmarks: asv.conf.json not found (run from a checkout of the repository)")
         return 1
-    if shutil.which("asv") is None and not _has_module("asv"):
+    if not _has_module("asv"):
         print("quick benchmarks: asv is not installed; pip install -e '.[bench]'")
         return 1
-    asv = [sys.executable, "-m", "asv"]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    if not (Path.home() / ".asv-machine.json").exists():
-        subprocess.run([*asv, "machine", "--yes"], cwd=ROOT, check=False)
-    cmd = [*asv, "run", "--quick", "--python=same", "--show-stderr", "--launch-method", "forkserver"]
-    if commit:
-        cmd += ["--set-commit-hash", commit]
-    if bench:
-        cmd += ["--bench", bench]
-    rc = subprocess.run(cmd, cwd=ROOT).returncode
-    publish()
-    print(f"dashboard: {ROOT / 'results' / 'html' / 'index.html'}  (view: python -m harness.dashboard --serve)")
+    commit = provenance.commit().removesuffix("+dirty")
+    cmd = ["run", "--quick", "--python=same", "--show-stderr", "--launch-method", "forkserver"]
+    if commit != "unknown":
+        cmd += ["--set-commit-hash", _git("rev-parse", commit)]
+    cmd += ["--bench", bench or (FULL if full else regex(QUICK))]
+    started = time.perf_counter()
+    print(f"asv results: {local_results() / provenance.machine_name()} (commit {provenance.commit()})", flush=True)
+    rc = asv(cmd, results=local_results())
+    print(f"asv: {time.perf_counter() - started:.0f} s", flush=True)
+    history.normalize(local_results())
+    html = provenance.output_root() / "html"
+    publish(html, [history.RESULTS, local_results()])
+    print(f"dashboard: {html / 'index.html'}  (this machine's results and the committed ones; "
+          f"serve: python -m http.server 8080 --bind 127.0.0.1 --directory {html})")
     return rc
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def _has_module(name: str) -> bool:
@@ -55,12 +60,23 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-GATE_FACTOR = 1.5  # back-to-back runs of one benchmark drifted ~30% on the shared 2-core VM (shared/notes/asv.md)
+def gate(base: str, head: str = "HEAD", bench: str | None = None) -> int:
+    """The regression gate: HEAD against BASE by `harness.compare` (interleaved A/B rounds in one session,
+    a confidence interval per benchmark); exit 1 when a benchmark is slower (worse), 0 otherwise."""
+    from harness import compare
+
+    results = compare.compare_commits(base, head, bench or regex(GATE))
+    print(compare.table(results, base, head))
+    return 1 if any(r.verdict in compare.WORSE for r in results) else 0
 
 
-def gate(base: str, head: str, bench: str | None = None, factor: float = GATE_FACTOR) -> int:
-    """The regression gate: ``asv continuous`` between two commits; non-zero exit when HEAD is slower by ``factor``."""
-    cmd = [sys.executable, "-m", "asv", "continuous", "--factor", str(factor), "--split", "--show-stderr", base, head]
-    if bench:
-        cmd += ["--bench", bench]
-    return subprocess.run(cmd, cwd=ROOT).returncode
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["quick", "full"], help="QUICK (the headline ratios) or every benchmark")
+    parser.add_argument("--bench", metavar="REGEX", help="instead of QUICK: the benchmarks matching REGEX")
+    args = parser.parse_args()
+    return run_quick(args.bench, full=args.what == "full")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""The report reads each benchmark case from the newest asv run that measured it at the current version."""
+"""The report reads each benchmark case from the newest asv run of one machine that measured it at the current
+version, this machine's by default, and says which machine and commit each value came from."""
 
 import json
 import math
@@ -6,39 +7,63 @@ import math
 import pytest
 
 import harness.report.asvdata as asvdata
+from harness import provenance
 
 BENCH = "bench_x.Case.track_value"
-COLUMNS = ["result", "params", "version"]
+COLUMNS = ["result", "params", "version", "stats_q_25", "stats_q_75"]
 
 
-def run_file(path, date, machine, version, result):
-    data = {"date": date, "params": {"machine": machine}, "result_columns": COLUMNS,
-            "results": {BENCH: [result, [["'a'", "'b'"], ["'cpu'", "'cuda'"]], version]}}
+def run_file(path, date, version, result, q=None):
+    data = {"commit_hash": path.stem * 5, "date": date, "params": {"machine": path.parent.name},
+            "result_columns": COLUMNS,
+            "results": {BENCH: [result, [["'a'", "'b'"], ["'cpu'", "'cuda'"]], version, *(q or (None, None))]}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))  # NaN as asv writes it
 
 
 @pytest.fixture
 def results(tmp_path, monkeypatch):
-    monkeypatch.setattr(asvdata, "RESULTS", tmp_path)
+    committed, local = tmp_path / "results", tmp_path / "local"
+    monkeypatch.setattr(asvdata, "RESULTS", committed)
+    monkeypatch.setattr(asvdata, "roots", lambda: [local, committed])
     asvdata._files.cache_clear()
     asvdata.current_versions.cache_clear()
-    (tmp_path / "benchmarks.json").write_text(json.dumps({BENCH: {"version": "v2"}, "version": 2}))
-    yield tmp_path
+    committed.mkdir()
+    (committed / "benchmarks.json").write_text(json.dumps({BENCH: {"version": "v2"}, "version": 2}))
+    yield committed, local
     asvdata._files.cache_clear()
     asvdata.current_versions.cache_clear()
 
 
 def test_each_case_from_its_newest_run_at_the_current_version(results):
+    committed, _ = results
     nan = math.nan
-    run_file(results / "vm" / "old.json", 1, "vm", "v2", [1.0, nan, 2.0, nan])  # every cpu case
-    run_file(results / "vm" / "partial.json", 2, "vm", "v2", [nan, nan, 3.0, nan])  # only (b, cpu) rerun
-    run_file(results / "gpu" / "run.json", 3, "gpu", "v2", [nan, 4.0, nan, 5.0])  # the cuda cases
-    run_file(results / "vm" / "stale.json", 4, "vm", "v1", [9.0, 9.0, 9.0, 9.0])  # the benchmark's old code
-    assert asvdata.values(BENCH) == {("a", "cpu"): 1.0, ("b", "cpu"): 3.0, ("a", "cuda"): 4.0, ("b", "cuda"): 5.0}
+    run_file(committed / "vm" / "old.json", 1, "v2", [1.0, nan, 2.0, nan])  # every cpu case
+    run_file(committed / "vm" / "partial.json", 2, "v2", [nan, nan, 3.0, nan])  # only (b, cpu) rerun
+    run_file(committed / "vm" / "stale.json", 4, "v1", [9.0, 9.0, 9.0, 9.0])  # the benchmark's old code
+    run_file(committed / "gpu" / "run.json", 3, "v2", [nan, 4.0, nan, 5.0])  # another machine: not mixed in
+    vm = asvdata.values(BENCH, "vm")
+    assert vm == {("a", "cpu"): 1.0, ("b", "cpu"): 3.0}
+    assert vm.sources[("b", "cpu")].commit.startswith("partial") and vm.sources[("a", "cpu")].commit.startswith("old")
+    assert asvdata.values(BENCH, "gpu") == {("a", "cuda"): 4.0, ("b", "cuda"): 5.0}
+
+
+def test_this_machine_by_default_its_own_runs_before_committed_ones(results):
+    committed, local = results
+    here = provenance.machine_name()
+    run_file(committed / here / "backfill.json", 1, "v2", [1.0, None, 2.0, None], q=([0.9, None, 1.8, None],
+                                                                                    [1.1, None, 2.2, None]))
+    run_file(local / here / "quick.json", 2, "v2", [1.5, None, None, None])
+    run_file(committed / "other-machine" / "run.json", 3, "v2", [7.0, 7.0, 7.0, 7.0])
+    got = asvdata.values(BENCH)
+    assert got == {("a", "cpu"): 1.5, ("b", "cpu"): 2.0}
+    assert not got.sources[("a", "cpu")].committed and got.sources[("b", "cpu")].committed
+    assert got.spread == {("b", "cpu"): (1.8, 2.2)}  # the local run recorded none for its case
+    assert here in got.where() and "this machine's run" in got.where()
 
 
 def test_no_run_at_the_current_version_says_so(results):
-    run_file(results / "vm" / "stale.json", 1, "vm", "v1", [9.0, 9.0, 9.0, 9.0])
+    committed, _ = results
+    run_file(committed / "vm" / "stale.json", 1, "v1", [9.0, 9.0, 9.0, 9.0])
     with pytest.raises(NotImplementedError, match=BENCH):
-        asvdata.values(BENCH)
+        asvdata.values(BENCH, "vm")

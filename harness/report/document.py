@@ -12,6 +12,7 @@ class Report:
     out: Path
     lines: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    here: str = ""  # "this machine at this commit": the source of whatever a section measures itself
 
     def heading(self, text: str, level: int = 2) -> None:
         self.lines += ["", "#" * level + " " + text, ""]
@@ -22,25 +23,35 @@ class Report:
     def text(self, text: str) -> None:
         self.lines += [text, ""]
 
-    def table(self, header: list[str], rows: list[list], caption: str | None = None) -> None:
-        if caption:
-            self.caption(caption)
+    def table(self, header: list[str], rows: list[list], caption: str | None = None, source: str | None = None) -> None:
+        """A Markdown table whose caption ends with the machine and commit its numbers came from (``source``,
+        default: measured here, now)."""
+        self.caption(f"{caption or ''}  Measured on {source or self.here}.".strip())
         self.lines.append("| " + " | ".join(header) + " |")
         self.lines.append("|" + "---|" * len(header))
         for row in rows:
             self.lines.append("| " + " | ".join(_fmt(c) for c in row) + " |")
         self.lines.append("")
 
-    def figure(self, fig, name: str, caption: str) -> None:
+    def figure(self, fig, name: str, caption: str, source: str) -> None:
+        """Save ``fig`` as <name>.png with ``source`` (the machine and commit its numbers came from) written in
+        the figure itself and in the caption.  At most MAX_SERIES labelled series per panel; labels, legends
+        and the source line stay inside the saved image (bbox_inches="tight")."""
         import matplotlib.pyplot as plt
 
+        for ax in fig.axes:
+            labelled = [h for h in ax.get_legend_handles_labels()[1] if not h.startswith("_")]
+            if len(labelled) > MAX_SERIES:
+                raise ValueError(f"{name}: {len(labelled)} series in one panel, at most {MAX_SERIES} stay legible")
         fig.tight_layout()
-        fig.savefig(self.out / f"{name}.png", dpi=110)
+        fig.text(0.005, 0.0, f"measured on {source}", fontsize=7, color="0.35", ha="left", va="top")
+        fig.savefig(self.out / f"{name}.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
-        self.caption(caption)
+        self.caption(f"{caption}  Measured on {source}.")
         self.lines += [f"![{caption}]({name}.png)", ""]
 
 
+MAX_SERIES = 8
 SECTIONS: list[tuple[str, Callable[[Report], None]]] = []
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import torch
 
@@ -11,8 +13,9 @@ from harness.report.document import Report, section
 MARKS = {"pass": "pass", "FAIL": "**FAIL**", "skip": "skip", "upstream": "upstream", "stale": "**stale**"}
 
 
-def _verdicts(name: str) -> list[dict]:
-    """Verdicts that `python -m harness run` saved for this machine; computed now (ci profile) when absent."""
+def _verdicts(name: str) -> tuple[list[dict], str]:
+    """(verdicts that `python -m harness run` saved for this machine, where they came from); computed now (ci
+    profile) when absent."""
     from harness import provenance, runner
     from harness.contracts import load_techniques
     from harness.registry import impls
@@ -20,14 +23,16 @@ def _verdicts(name: str) -> list[dict]:
     path = provenance.output_root() / "verdicts" / f"{name}.json"
     if path.is_file():
         document = json.loads(path.read_text())
+        source = f"{document['machine']['name']} at commit {document['commit']} (`python -m harness run`)"
         if name == "mutants":
-            return [v for t in document["techniques"] for v in t["verdicts"]]
-        return document["verdicts"]
+            return [v for t in document["techniques"] for v in t["verdicts"]], source
+        return document["verdicts"], source
+    here = f"{provenance.machine_name()} at commit {provenance.commit()}"
     if name == "mutants":
         results = [r for t in sorted(load_techniques()) for r in runner.kill_mutants(t, profile="ci")]
     else:
         results = runner.check(name, [runner.Target(name, name=i.name) for i in impls(name)], profile="ci")
-    return [v.as_dict() for r in results for v in r.verdicts]
+    return [v.as_dict() for r in results for v in r.verdicts], here
 
 
 @section("Conformance: implementation x property")
@@ -37,13 +42,14 @@ def conformance(r: Report) -> None:
     r.caption("Every registered implementation against every property of its technique (ci profile): "
               "a FAIL here is a bug; skips carry the capability the implementation does not declare.")
     for t in sorted(load_techniques()):
-        verdicts = _verdicts(t)
+        verdicts, source = _verdicts(t)
         props = list(dict.fromkeys(v["property"] for v in verdicts))
         impls = list(dict.fromkeys(v["impl"] for v in verdicts))
         cell = {(v["impl"], v["property"]): MARKS[v["status"]] for v in verdicts}
         r.heading(t, level=3)
-        r.table(["implementation", *props], [[i, *(cell.get((i, p), "") for p in props)] for i in impls])
-    mutants = _verdicts("mutants")
+        r.table(["implementation", *props], [[i, *(cell.get((i, p), "") for p in props)] for i in impls],
+                source=source)
+    mutants, source = _verdicts("mutants")
     from harness.registry import impls as registered
 
     r.heading("Mutant kill matrix", level=3)
@@ -57,71 +63,212 @@ def conformance(r: Report) -> None:
             declared = [k for k in killers if k in m.killed_by]
             rows.append([t, m.name, m.bug, ", ".join(f"**{k}**" if k in declared else k for k in killers)
                          or "SURVIVED"])
-    r.table(["technique", "mutant", "bug", "killed by"], rows)
+    r.table(["technique", "mutant", "bug", "killed by"], rows, source=source)
+
+
+def _maybe(values, benchmark: str) -> dict:
+    """values(benchmark), or {} where this machine has no result of it."""
+    try:
+        return values(benchmark)
+    except NotImplementedError:
+        return {}
+
+
+def _family(name: str) -> str:
+    """An implementation's family: its name without the tile size ("fa2_lazy_rescale_128x256" -> "fa2_lazy_rescale")."""
+    return re.sub(r"_\d+(x\d+)?$", "", name)
+
+
+def _seconds(fn, *args, min_s: float = 0.02, **kwargs) -> float:
+    """Mean seconds per call over as many calls as take min_s (one at least)."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn(*args, **kwargs)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_s:
+            return elapsed / calls
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    import numpy as np
+
+    q25, q50, q75 = np.percentile(xs, [25, 50, 75])
+    return float(q25), float(q50), float(q75)
+
+
+def ratio_rounds(fns: dict[str, object], baseline, inputs, rounds: int) -> dict[str, list[float]]:
+    """{name: [time / baseline's time, one per round]}: each round times the baseline right before each
+    candidate, so load that comes and goes on a shared machine falls on both sides of each ratio."""
+    out = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            base = _seconds(baseline, *inputs, causal=True)
+            out[name].append(_seconds(fn, *inputs, causal=True) / base)
+    return out
+
+
+STYLE_MARKERS = "osD^vP*X"
+
+
+def _styles(names: list[str]) -> dict[str, dict]:
+    """One colour and one marker per series, the same in every panel of a figure."""
+    return {n: {"color": f"C{i % 10}", "marker": STYLE_MARKERS[i % len(STYLE_MARKERS)]} for i, n in enumerate(names)}
+
+
+def _legend_below(ax, ncol: int = 2) -> None:
+    """The legend under the panel, off the data."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, frameon=False)
+
+
+def _plain_log_ticks(ax, axis: str = "y") -> None:
+    """Log-axis ticks as plain numbers (1, 2, 3, 5, 10 ...), not 2 x 10^0."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    fmt = FuncFormatter(lambda x, _: f"{x:g}")
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))  # a narrow range still gets 2-3 labels
+    target.set_major_formatter(fmt)
+    target.set_minor_formatter(FuncFormatter(lambda x, _: ""))
+
+
+def ratio_figure(ratios: dict[str, dict[int, list[float]]], tiled: list[str], others: list[str], Ns: list[int],
+                 rounds: int):
+    """Two panels of time / SDPA's vs N (tiled families; the others): median and IQR bars per series."""
+    import matplotlib.pyplot as plt
+
+    styles = _styles(tiled + others)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.4), sharex=True)
+    for ax, names, title in ((axes[0], tiled, "tiled kernels (FlashAttention-1/2 families)"),
+                             (axes[1], others, "the others")):
+        for j, name in enumerate(names):
+            q25, q50, q75 = zip(*(_quartiles(ratios[name][N]) for N in Ns), strict=True)
+            dodge = 2 ** (0.03 * (j - (len(names) - 1) / 2))  # side by side at each N: no bar hides another
+            ax.errorbar([N * dodge for N in Ns], q50, yerr=[[m - lo for m, lo in zip(q50, q25, strict=True)],
+                                       [hi - m for m, hi in zip(q50, q75, strict=True)]],
+                        label=f"{name} (best {_family(name)})" if _family(name) != name else name, capsize=3,
+                        lw=1.2, ms=5, **styles[name])
+        ax.axhline(1.0, color="black", lw=0.8, ls="--", label="SDPA (= 1)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _plain_log_ticks(ax)
+        ax.set_xticks(Ns, [str(N) for N in Ns])
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("forward time / SDPA's time")
+        ax.set_title(title, fontsize=10)
+        _legend_below(ax)
+    fig.suptitle("Attention forward against SDPA: B=1, H=8, d=64, causal, float32, 1 CPU thread; "
+                 f"median and interquartile range of {rounds} rounds", fontsize=10)
+    return fig
 
 
 @section("Attention: forward time vs N")
 def attention_time(r: Report) -> None:
-    import matplotlib.pyplot as plt
-    import torch.utils.benchmark as tb
-
     from harness.progress import progress
-    from harness.registry import impls
+    from harness.registry import get, impls
 
-    names = [i for i in impls("attention") if i.name != "reference" and "cpu" in i.devices and "float32" in i.dtypes]
-    Ns = [256, 512, 1024, 2048]
-    times: dict[str, list[float]] = {}
-    g = torch.Generator().manual_seed(0)
-    for N in progress(Ns, desc="attention forward", unit="N"):
-        q, k, v = (torch.randn(1, 8, N, 64, generator=g) for _ in range(3))
-        for impl in names:
-            timer = tb.Timer("f(q, k, v, causal=True)", globals={"f": impl.fn, "q": q, "k": k, "v": v})
-            times.setdefault(impl.name, []).append(timer.blocked_autorange(min_run_time=0.2).median)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, ts in times.items():
-        ax.loglog(Ns, [t * 1e3 for t in ts], marker="o", label=name)
-    ax.set_xlabel("N (B=1, H=8, d=64, causal, float32, CPU)")
-    ax.set_ylabel("forward time (ms)")
-    ax.legend(fontsize=7, ncol=2)
-    r.figure(fig, "attention_time", "Forward time vs sequence length: tiled kernels scale like N^2 like the "
-                                    "naive one, but never materialize the N x N matrix; SDPA is the bar.")
-    r.table(["implementation", "time at N=2048 (ms)"],
-            sorted([[n, ts[-1] * 1e3] for n, ts in times.items()], key=lambda row: row[1]),
-            caption="Measured in one pass, one implementation after another (for the figure): load that comes "
-                    "and goes on a shared machine moves one implementation's time here by 10-20% against "
-                    "another's, so no ratio is read off this table.  The ratio to SDPA is `SdpaRatio`'s, below, "
-                    "where the candidates and SDPA take turns.")
+    candidates = {i.name: i.fn for i in impls("attention") if i.name not in ("reference", "sdpa")
+                  and "cpu" in i.devices and "float32" in i.dtypes and not i.unavailable
+                  and not i.source.startswith("impls.external")}  # third-party speed: harness/report/external.py
+    sdpa = get("attention", "sdpa").fn
+    Ns, rounds, pick_at = [256, 512, 1024, 2048], 5, 1024
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core per kernel: two threads on a shared 2-core machine time the neighbours
+    try:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 8, pick_at, 64, generator=g) for _ in range(3))
+        first = {name: _seconds(fn, q, k, v, causal=True, min_s=0.0) for name, fn in candidates.items()}
+        best = {}  # family -> its fastest variant at N = pick_at
+        for name in sorted(first, key=first.get):
+            best.setdefault(_family(name), name)
+        ratios: dict[str, dict[int, list[float]]] = {name: {} for name in best.values()}
+        sdpa_ms = {}
+        for N in progress(Ns, desc="attention / SDPA", unit="N"):
+            q, k, v = (torch.randn(1, 8, N, 64, generator=g) for _ in range(3))
+            for name, rs in ratio_rounds({n: candidates[n] for n in ratios}, sdpa, (q, k, v), rounds).items():
+                ratios[name][N] = rs
+            sdpa_ms[N] = _seconds(sdpa, q, k, v, causal=True, min_s=0.2) * 1e3
+    finally:
+        torch.set_num_threads(threads)
+    tiled = [n for n in ratios if n.startswith(("fa1", "fa2"))]
+    others = [n for n in ratios if n not in tiled]
+    fig = ratio_figure(ratios, tiled, others, Ns, rounds)
+    r.figure(fig, "attention_time", f"Forward time over SDPA's vs sequence length: the fastest variant (at "
+                                    f"N={pick_at}) of each kernel family, with naive, eager flex and split-K; "
+                                    f"median and interquartile range of {rounds} rounds in which SDPA is timed "
+                                    "right before each kernel (a ratio below 1 beats SDPA).", r.here)
+    r.table(["implementation", *(f"N={N}" for N in Ns)],
+            [[name, *(f"{_quartiles(ratios[name][N])[1]:.3g} [{_quartiles(ratios[name][N])[0]:.3g}-"
+                      f"{_quartiles(ratios[name][N])[2]:.3g}]" for N in Ns)] for name in tiled + others]
+            + [["SDPA itself (ms)", *(f"{sdpa_ms[N]:.3g}" for N in Ns)]],
+            caption="The figure's numbers: time / SDPA's time, median [interquartile range] over the rounds.")
     from harness.report.asvdata import values
 
-    ratios = values("bench_attention.SdpaRatio.track_best_tiled_over_sdpa")
-    fastest = values("bench_attention.SdpaRatio.track_fastest_calls_tiled_over_sdpa")
+    try:
+        ratios_asv = values("bench_attention.SdpaRatio.track_best_tiled_over_sdpa")
+    except NotImplementedError as exc:
+        r.text(f"`SdpaRatio`: {exc}")
+        return
+    fastest = _maybe(values, "bench_attention.SdpaRatio.track_fastest_calls_tiled_over_sdpa")
     r.table(["device", "CPU threads", "best tiled / SDPA (median of rounds: the goal)", "fastest calls"],
-            [[*key, v, fastest.get(key, "n/a")] for key, v in sorted(ratios.items())],
+            [[*key, v, fastest.get(key, "n/a")] for key, v in sorted(ratios_asv.items())],
             caption="asv `SdpaRatio` (B=1, H=8, N=2048, d=64, causal, float32): the three fastest tiled "
                     "kernels and SDPA take turns for 15 rounds.  The goal (<= 1.0) is the median over rounds "
                     "of the best ratio; the fastest-calls column sets the best tiled kernel's fastest call "
-                    "against SDPA's (timeit's reading: what each costs when nothing else runs).")
-    flex = values("bench_attention.FlexCompiled.track_flex_compiled_over_sdpa")
+                    "against SDPA's (timeit's reading: what each costs when nothing else runs).",
+            source=ratios_asv.where())
+    try:
+        flex = values("bench_attention.FlexCompiled.track_flex_compiled_over_sdpa")
+    except NotImplementedError as exc:
+        r.text(f"`FlexCompiled`: {exc}")
+        return
     r.table(["device", "torch.compile(flex_attention) / SDPA"], [[*key, v] for key, v in sorted(flex.items())],
             caption="asv `FlexCompiled`, same shape: the fused FlexAttention kernel that `flex` (eager, the "
-                    "unfused reference path) stands for in the property suite.")
+                    "unfused reference path) stands for in the property suite.", source=flex.where())
 
 
 @section("Attention on the GPU: the Triton kernels against SDPA")
 def attention_gpu(r: Report) -> None:
+    """This machine's KernelTflops; on a machine without them, the committed GPU machines', labelled as such."""
+    from harness import provenance
+    from harness.report.asvdata import machines
+
+    here = provenance.machine_name()
+    if _maybe_on("bench_attention.KernelTflops.track_tflops", here):
+        _kernel_tflops(r, here)
+        return
+    shown = [m for m in machines() if m != here and _maybe_on("bench_attention.KernelTflops.track_tflops", m)]
+    if not shown:
+        raise NotImplementedError("no KernelTflops results here (they need a CUDA device) nor in results/")
+    for machine in shown:
+        r.heading(f"Committed results of {machine} (another machine, not this one), for comparison", level=3)
+        _kernel_tflops(r, machine)
+
+
+def _maybe_on(benchmark: str, machine: str) -> dict:
+    from harness.report.asvdata import values
+
+    try:
+        return values(benchmark, machine)
+    except NotImplementedError:
+        return {}
+
+
+def _kernel_tflops(r: Report, machine: str) -> None:
     from harness.report.asvdata import values
 
     for way in ("forward", "backward"):
         bench = "bench_attention" if way == "forward" else "bench_attention_backward"
-        tflops = values(f"{bench}.KernelTflops.track_tflops")
+        tflops = values(f"{bench}.KernelTflops.track_tflops", machine)
         pairs = {case: (tflops["triton_fa2", *case], tflops["sdpa", *case])
                  for case in sorted({key[1:] for key in tflops})
                  if ("triton_fa2", *case) in tflops and ("sdpa", *case) in tflops}  # case: (device, N, d, causal)
         r.table(["N", "d", "causal", "Triton TFLOP/s", "SDPA TFLOP/s", "Triton / SDPA"],
                 [[N, d, causal, triton, sdpa, triton / sdpa] for (_, N, d, causal), (triton, sdpa) in pairs.items()],
+                source=tflops.where(),
                 caption=f"asv `{bench}.KernelTflops`: {way} TFLOP/s in bfloat16 at the FlashAttention-2 paper's "
                         "shapes (batch x N = 16k tokens, H x d = 2048; the backward counted as 2.5 forwards), "
-                        "median of 10 calls timed with CUDA events, one run on the GPU machine in results/.  The "
+                        "median of 10 calls timed with CUDA events.  The "
                         "Triton kernels run one 64 x 64 tile with Triton's default warps and stages, untuned.")
 
 
@@ -135,23 +282,26 @@ def attention_io(r: Report) -> None:
     Ns = [256, 512, 1024, 2048, 4096, 8192]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     a.loglog(Ns, [iomodel.standard_traffic(N, N, d) for N in Ns], "o-", label="standard: 4N^2 + 4Nd")
-    a.loglog(Ns, [iomodel.fa2_traffic(N, N, d, Br) for N in Ns], "o-", label=f"FA-2, Br={Br}")
+    a.loglog(Ns, [iomodel.fa2_traffic(N, N, d, Br) for N in Ns], "s--", label=f"FA-2, Br={Br}")
     M = 100_000  # elements of SRAM (~ 200 KB of fp16)
-    a.loglog(Ns, [iomodel.fa1_traffic(N, N, d, iomodel.fa1_paper_blocks(M, d)[1]) for N in Ns], "o-",
+    a.loglog(Ns, [iomodel.fa1_traffic(N, N, d, iomodel.fa1_paper_blocks(M, d)[1]) for N in Ns], "D:",
              label=f"FA-1, M={M:,}")
-    a.set_xlabel(f"N (d={d})")
+    a.set_xticks(Ns, [str(N) for N in Ns])
+    a.minorticks_off()
+    a.set_xlabel(f"sequence length N (d={d})")
     a.set_ylabel("HBM elements read + written")
     a.legend(fontsize=8)
     Ms = [2**k for k in range(12, 21)]
-    for dd in (64, 128):
-        b.semilogx(Ms, [iomodel.savings(4096, dd, M=m) for m in Ms], "o-", label=f"FA-1 savings, d={dd}")
+    for dd, fmt in ((64, "o-"), (128, "s--")):
+        b.semilogx(Ms, [iomodel.savings(4096, dd, M=m) for m in Ms], fmt, label=f"FA-1 savings, d={dd}")
         b.axvline(3 * dd * dd, ls=":", color="gray")
     b.axhline(1.0, color="black", lw=0.8)
     b.set_xlabel("SRAM capacity M (elements); dotted: 3 d^2")
     b.set_ylabel("standard / flash traffic (N=4096)")
     b.legend(fontsize=8)
     r.figure(fig, "attention_io", "Left: flash traffic grows like N^2 d / Br instead of N^2; right: FA-1 beats "
-                                  "standard attention only once M exceeds 3 d^2 (dotted), then saves ~M / 3d^2.")
+                                  "standard attention only once M exceeds 3 d^2 (dotted), then saves ~M / 3d^2.  "
+                                  "Computed by the IO model (harness/iomodel.py), not measured.", r.here)
     std, fa2 = iomodel.standard_traffic(4096, 4096, 128), iomodel.fa2_traffic(4096, 4096, 128, 128)
     r.table(["N", "d", "Br", "standard", "FA-2", "ratio"], [[4096, 128, 128, f"{std:,}", f"{fa2:,}", std / fa2]],
             caption="A worked exercise, computed by the closed forms the IO twins are tested against "
@@ -183,15 +333,32 @@ def attention_memory(r: Report) -> None:
                     "and grow quadratically; the FA-2 ones work block by block and grow linearly.")
 
 
-def _series(values: dict[tuple, float], x: int, cpu_at: int | None = None) -> dict[str, tuple[list, list]]:
-    """Group asv values by their first parameter: {name: (xs, ys)} with x the parameter at index ``x``."""
-    out: dict[str, tuple[list, list]] = {}
+def _series(values: dict[tuple, float], x: int, cpu_at: int | None = None) -> dict[str, tuple[list, list, list]]:
+    """Group asv values by their first parameter: {name: (xs, ys, keys)} with x the parameter at index ``x``."""
+    out: dict[str, tuple[list, list, list]] = {}
     for key, val in sorted(values.items(), key=lambda kv: (kv[0][0], kv[0][x])):
         if cpu_at is None or key[cpu_at] == "cpu":
-            xs, ys = out.setdefault(key[0], ([], []))
+            xs, ys, keys = out.setdefault(key[0], ([], [], []))
             xs.append(key[x])
             ys.append(val)
+            keys.append(key)
     return out
+
+
+def _points(ax, values, xs, ys, keys, fmt: str = "-", **style) -> None:
+    """A series with its interquartile range as error bars where asv recorded one (several samples)."""
+    spread = [values.spread.get(k) for k in keys]
+    yerr = None
+    if any(spread):
+        yerr = [[y - (q or (y, y))[0] for y, q in zip(ys, spread, strict=True)],
+                [(q or (y, y))[1] - y for y, q in zip(ys, spread, strict=True)]]
+    ax.errorbar(xs, ys, yerr=yerr, fmt=fmt, capsize=3, ms=5, lw=1.2, **style)
+
+
+def _spread_note(*values) -> str:
+    if any(v.spread for v in values):
+        return "Bars: interquartile range of asv's samples."
+    return "One asv sample per point (asv --quick): no spread recorded to draw."
 
 
 @section("KV cache: cached vs recompute, decode vs batch, prefill vs decode")
@@ -202,35 +369,47 @@ def kv_cache(r: Report) -> None:
 
     ratio = values("bench_kvcache.CachedVsRecompute.track_recompute_over_cached")
     step = values("bench_kvcache.DecodeBatch.track_us_per_token")
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for width in sorted({key[3] for key in ratio}):
-        for impl, (xs, ys) in _series({k: v for k, v in ratio.items() if k[3] == width}, x=2, cpu_at=1).items():
-            a.plot(xs, ys, "o-" if width == 128 else "s--", label=f"{impl}, d={width}")
-    a.set_xlabel("tokens generated n")
-    a.set_ylabel("recompute time / cached time")
-    a.legend(fontsize=8)
-    for impl, (xs, ys) in _series(step, x=2, cpu_at=1).items():
-        b.loglog(xs, ys, "o-", label=impl)
-    b.set_xlabel("batch size (cache length 64)")
-    b.set_ylabel("decode step time per token (us)")
-    b.legend(fontsize=8)
-    r.figure(fig, "kv_cache", "Left: a cache turns O(n^2) generation into O(n), so the speedup grows with n "
+    impls = sorted({key[0] for key in ratio} | {key[0] for key in step})
+    styles = _styles(impls)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.8))
+    widths = sorted({key[3] for key in ratio})
+    for ax, width in zip(axes, widths[:2], strict=False):
+        for impl, (xs, ys, keys) in _series({k: v for k, v in ratio.items() if k[3] == width}, x=2, cpu_at=1).items():
+            _points(ax, ratio, xs, ys, keys, label=impl, **styles[impl])
+        ax.set_title(f"cached vs recompute, d={width}", fontsize=10)
+        ax.set_xlabel("tokens generated n")
+        ax.set_ylabel("recompute time / cached time")
+        _legend_below(ax)
+    b_ = axes[2]
+    for impl, (xs, ys, keys) in _series(step, x=2, cpu_at=1).items():
+        _points(b_, step, xs, ys, keys, label=impl, **styles[impl])
+    b_.set_xscale("log")
+    b_.set_yscale("log")
+    _plain_log_ticks(b_, "x")
+    _plain_log_ticks(b_)
+    b_.set_title("decode step, cache length 64", fontsize=10)
+    b_.set_xlabel("batch size")
+    b_.set_ylabel("step time per token (us)")
+    _legend_below(b_)
+    r.figure(fig, "kv_cache", "Left and middle: a cache turns O(n^2) generation into O(n), so the speedup grows with n "
                               "(d=128 is the target's width, where a cached step is mostly per-op overhead; "
                               "d=256 the same 4 layers twice as wide); right: batching amortizes the weight "
-                              "reads until compute takes over.")
+                              f"reads until compute takes over.  {_spread_note(ratio, step)}",
+             f"{ratio.where()} (cached vs recompute); {step.where()} (decode step)")
     longest = max(key[2] for key in ratio)
     r.table(["implementation", "width d", "n", "recompute / cached"],
             [[k[0], k[3], k[2], v] for k, v in sorted(ratio.items()) if k[1] == "cpu" and k[2] == longest],
-            caption="Cached vs recompute generation at the largest n (goal >= 10x at n = 512).")
+            caption="Cached vs recompute generation at the largest n (goal >= 10x at n = 512).", source=ratio.where())
     prefill = values("bench_kvcache.PrefillVsDecode.track_decode_over_prefill")
     r.table(["implementation", "decode 256 one by one / prefill 256"],
             [[key[0], val] for key, val in sorted(prefill.items()) if key[1] == "cpu"],
             caption="Per-token cost of decoding vs prefilling the same 256 tokens (~27x when this benchmark was "
-                    "written).")
+                    "written).", source=prefill.where())
     roof = values("bench_kvcache.MemoryRoofline.track_fraction_of_matvec_bandwidth")
     r.table(["implementation", "weight bytes per step / step time, fraction of matvec bandwidth"],
             [[key[0], val] for key, val in sorted(roof.items()) if key[1] == "cpu"],
-            caption="Batch-1 decode of a >= 100M-parameter random model against the memory roofline (goal >= 0.85).")
+            caption="Batch-1 decode of a >= 100M-parameter random model against the memory roofline (goal >= 0.85).",
+            source=roof.where())
 
 
 @section("Paging: serving policies and block size")
@@ -254,7 +433,7 @@ def paging(r: Report) -> None:
             [[impl, *(ratio.get((impl, "cpu", n), float("nan")) for n in lengths)]
              for impl in sorted({key[0] for key in ratio})],
             caption="Paged decode attention time / SDPA on the same contiguous K/V (B=8, H=32, Hkv=8, d=128, "
-                    "block 16, float32, CPU; goal <= 1.25).")
+                    "block 16, float32, CPU; goal <= 1.25).", source=ratio.where())
 
 
 @section("Quantization: NLL vs bits per granularity, and the outlier table")
@@ -274,35 +453,44 @@ def quantization(r: Report) -> None:
 @section("Speculative decoding: tokens per target call and speedup")
 def speculative(r: Report) -> None:
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     from harness.report.asvdata import values
 
     measured = values("bench_speculative.Acceptance.track_tokens_per_call_measured")
     formula = values("bench_speculative.Acceptance.track_tokens_per_call_formula")
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    theory = _series(formula, x=1)
-    for i, (draft, (xs, ys)) in enumerate(_series(measured, x=1).items()):
-        a.plot(xs, ys, "o", color=f"C{i}", label=draft)
-        a.plot(*theory[draft], "-", color=f"C{i}", lw=0.8)
-    a.set_xlabel("gamma")
-    a.set_ylabel("tokens per target call (dots measured, lines (1-a^(g+1))/(1-a))")
-    a.legend(fontsize=7)
     speed = values("bench_speculative.WallClock.track_speedup_measured")
     estimated = _series(values("bench_speculative.WallClock.track_speedup_estimated"), x=1, cpu_at=2)
     with_verify = _series(values("bench_speculative.WallClock.track_speedup_estimated_with_verify"), x=1, cpu_at=2)
-    for i, (draft, (xs, ys)) in enumerate(_series(speed, x=1, cpu_at=2).items()):
-        b.plot(xs, ys, "o", color=f"C{i}", label=draft)
-        b.plot(*estimated[draft], "--", color=f"C{i}", lw=0.8)
+    styles = _styles(sorted({k[0] for k in measured} | {k[0] for k in speed}))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 5.2))
+    theory = _series(formula, x=1)
+    for draft, (xs, ys, keys) in _series(measured, x=1).items():
+        _points(a, measured, xs, ys, keys, fmt="", ls="none", label=draft, **styles[draft])
+        a.plot(*theory[draft][:2], "-", color=styles[draft]["color"], lw=0.8)
+    a.set_xlabel("gamma (drafted tokens per round)")
+    a.set_ylabel("tokens per target call")
+    a.set_title("markers: measured; lines: (1 - a^(g+1)) / (1 - a)", fontsize=10)
+    _legend_below(a, ncol=3)
+    for draft, (xs, ys, keys) in _series(speed, x=1, cpu_at=2).items():
+        _points(b, speed, xs, ys, keys, fmt="", ls="none", label=draft, **styles[draft])
+        b.plot(*estimated[draft][:2], "--", color=styles[draft]["color"], lw=0.8)
         if draft in with_verify:
-            b.plot(*with_verify[draft], ":", color=f"C{i}", lw=1.2)
+            b.plot(*with_verify[draft][:2], ":", color=styles[draft]["color"], lw=1.2)
     b.axhline(1.0, color="black", lw=0.8)
-    b.set_xlabel("gamma")
-    b.set_ylabel("speedup over plain sampling (dots measured)")
-    b.legend(fontsize=7)
+    b.set_xlabel("gamma (drafted tokens per round)")
+    b.set_ylabel("speedup over plain sampling")
+    b.set_title("markers: measured; dashed / dotted: estimates", fontsize=10)
+    handles, labels = b.get_legend_handles_labels()
+    handles += [Line2D([], [], color="0.3", ls="--", lw=0.8), Line2D([], [], color="0.3", ls=":", lw=1.2)]
+    labels += ["estimate, verify = 1 step", "estimate, measured verify cost"]
+    b.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     r.figure(fig, "speculative", "Left: measured tokens per target call follow the formula for every draft; "
-                                 "right: wall-clock speedup on this CPU (dots) vs (1-a^(g+1))/((1-a)(1+g c)) "
+                                 "right: wall-clock speedup on this CPU (markers) vs (1-a^(g+1))/((1-a)(1+g c)) "
                                  "(dashed) and vs (1-a^(g+1))/((1-a)(v+g c)) with v the measured cost of the "
-                                 "(g+1)-position verify call in one-token steps (dotted).")
+                                 "(g+1)-position verify call in one-token steps (dotted).  "
+                                 + _spread_note(measured, speed),
+             f"{measured.where()} (acceptance); {speed.where()} (wall clock)")
     _time_per_token(r, values("bench_speculative.TimePerToken.track_microseconds_per_token"))
 
 
@@ -316,9 +504,45 @@ def _time_per_token(r: Report, us: dict[tuple, float]) -> None:
     rows = [["plain" if g == 0 else g, *(us[g, p] for p in parts), sum(us[g, p] for p in parts),
              plain / sum(us[g, p] for p in parts), "" if g == 0 else plain / us[g, "target"]] for g in gammas]
     r.table(["gamma", "target us/token", "draft us/token", "sampler us/token", "total", "speedup",
-             "speedup if draft and sampler were free"], rows,
+             "speedup if draft and sampler were free"], rows, source=us.where(),
             caption="asv `TimePerToken`, draft_good: where a generated token's time goes (the target's and the "
                     "draft's sessions, and the sampler's own work).  Each gamma is a separate asv case, so its "
                     "speedup is noisier than WallClock's, whose two samplers take turns (the goal, >= 2x, is read "
                     "from WallClock: the figure's dots).  The last column is the ceiling the target's part "
                     "allows: plain time per token / the target's time per token.")
+
+
+HEADLINE_TABLE = [  # (benchmark, what it says) of the comparison section
+    ("bench_attention.SdpaRatio.track_best_tiled_over_sdpa", "best tiled attention / SDPA (<= 1.0)"),
+    ("bench_attention.KernelTflops.track_tflops", "attention forward TFLOP/s"),
+    ("bench_kvcache.CachedVsRecompute.track_recompute_over_cached", "recompute / cached generation (>= 10x at 512)"),
+    ("bench_kvcache.MemoryRoofline.track_fraction_of_matvec_bandwidth", "decode / matvec bandwidth (>= 0.85)"),
+    ("bench_paging.PagedDecodeAttention.track_paged_over_contiguous", "paged / contiguous decode attention (<= 1.25)"),
+    ("bench_speculative.Enumeration.time_vocab4_gamma3_T4", "exact enumeration, vocabulary 4 (s, <= 1)"),
+]
+
+
+@section("Other machines: committed results, for comparison")
+def other_machines(r: Report) -> None:
+    """Not this machine's numbers: the headline benchmarks as other machines' committed runs measured them."""
+    from harness import provenance
+    from harness.report.asvdata import machines, values
+
+    others = [m for m in machines() if m != provenance.machine_name()]
+    if not others:
+        raise NotImplementedError("no committed results of another machine")
+    r.caption("Everything above was measured on this machine.  These rows are not: they are committed asv results "
+              "of other machines (results/<machine>/), each with the machine and commit it came from, to compare "
+              "against.")
+    rows = []
+    for bench, meaning in HEADLINE_TABLE:
+        for machine in others:
+            try:
+                got = values(bench, machine)
+            except NotImplementedError:
+                continue
+            for key, value in sorted(got.items(), key=str):
+                rows.append([meaning, machine, ", ".join(map(str, key)), value, got.sources[key].commit[:8]])
+    r.table(["benchmark", "machine", "case", "value", "commit"], rows,
+            caption="Other machines' committed results (not measured here).",
+            source="the machines and commits in the table")

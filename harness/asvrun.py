@@ -1,0 +1,95 @@
+"""asv, run so that it never touches tracked files, and the benchmark cases the harness runs by name.
+
+Every asv call goes through a temporary configuration (results and html where the caller says, by default
+under ``provenance.output_root()``: results/local in a checkout) and a temporary machine file describing this
+hardware under its own name (``provenance.asv_machine()``), so neither results/benchmarks.json,
+results/<machine>/ nor ~/.asv-machine.json is written unless a caller points asv there on purpose (the
+history backfill).
+
+QUICK is the main job's quick pass (the headline ratios; harness.history's backfill measures the same cases
+over main's history), GATE the regression gate's cases (fast ``time_`` benchmarks, one per technique).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness import provenance
+
+ROOT = provenance.ROOT
+
+# The main job's pass: the headline ratios, each case chosen to answer one question in seconds.  Measured on
+# xeon-amx-2c-24g (2 shared cores), asv --quick, forkserver: the seconds each took there.  A cuda case (the
+# same regex) is measured on a GPU machine and skipped (n/a) in under a second elsewhere.
+CPU_OR_CUDA = "'(cpu|cuda)'"
+QUICK: dict[str, str] = {
+    # best tiled kernel / SDPA at N=2048, one CPU thread (two threads on two shared cores measure the
+    # neighbours' load), all of a GPU (the goal <= 1.0)                                          ~35 s
+    "bench_attention.SdpaRatio.track_best_tiled_over_sdpa": r"\(('cpu', '1'|'cuda', 'all')\)",
+    # Triton FlashAttention-2 / SDPA TFLOP/s at the paper's shapes (CUDA only; n/a here)          ~1 s
+    "bench_attention.KernelTflops.track_tflops": r"\(.*, 'cuda', 4096, 128, True\)",
+    # recompute / cached generation at n = 512, d = 256 (goal >= 10x)                             ~35 s
+    "bench_kvcache.CachedVsRecompute.track_recompute_over_cached": rf"\('concat', {CPU_OR_CUDA}, 512, 256\)",
+    # batch-1 decode bandwidth / matvec bandwidth of a 403M-parameter model (goal >= 0.85)        ~25 s
+    "bench_kvcache.MemoryRoofline.track_fraction_of_matvec_bandwidth": rf"\('concat', {CPU_OR_CUDA}\)",
+    # paged decode attention / SDPA on the same K/V, cache 1024 (goal <= 1.25)                    ~10 s
+    "bench_paging.PagedDecodeAttention.track_paged_over_contiguous": rf"\(.*, {CPU_OR_CUDA}, 1024\)",
+    # exact enumeration of a vocabulary-4 pair, gamma 3, T 4 (goal <= 1 s)                         ~5 s
+    "bench_speculative.Enumeration.time_vocab4_gamma3_T4": r"\('standard', 'cpu'\)",
+    # serving simulator, paged vs reserve-max throughput (deterministic)                          ~15 s
+    "bench_paging.ServingSimulator.track_throughput_vs_reserve_max": r"\('paged16', '(a|b)'\)",
+}
+# The regression gate: fast time_ cases of every technique's main kernels, each measured in ~0.1 s samples
+# (harness.compare: 30 A/B rounds each, about 10 s a case here).
+GATE: dict[str, str] = {
+    "bench_attention.AttentionForward.time_forward":
+        rf"\('(sdpa|naive|fa2_64x64|fa2_optimistic_128x256|fa1_64x64)', {CPU_OR_CUDA}, '1x8x512x64', True\)",
+    "bench_attention.AttentionDecode.time_decode": rf"\('(sdpa|splitk_decode_32)', {CPU_OR_CUDA}, 4096\)",
+    "bench_attention_backward.AttentionBackward.time_forward_backward": rf"\('(naive|fa2_64x64)', {CPU_OR_CUDA}, 512\)",
+    "bench_kvcache.PrefillVsDecode.time_decode_256": rf"\('(concat|static|paged)', {CPU_OR_CUDA}\)",
+    "bench_paging.PagedDecodeAttention.time_paged_decode": rf"\(.*, {CPU_OR_CUDA}, 1024\)",
+    "bench_quantization.LinearTime.time_matmul":
+        rf"\('(float|w8a8_token|weight_only_g32|llm_int8)', {CPU_OR_CUDA}, 16\)",
+    "bench_speculative.Enumeration.time_vocab4_gamma3_T4": r"\('standard', 'cpu'\)",
+    "bench_speculative.WallClock.time_speculative": r"\('draft_good', 4, 'cpu'\)",
+}
+# Every benchmark but the validation of harness.compare itself (tens of minutes: docs/benchmarks.md).
+FULL = r"^(?!bench_harness\.ComparisonPower)"
+
+
+def regex(cases: dict[str, str]) -> str:
+    """One asv --bench regex selecting the given {benchmark: parameter regex} cases."""
+    return "|".join(f"^{name.replace('.', chr(92) + '.')}{params}" for name, params in cases.items())
+
+
+def local_results() -> Path:
+    """asv results of this machine's runs: ignored, under output_root() (never results/<committed machine>/)."""
+    return provenance.output_root() / "asv"
+
+
+_ASV_MAIN = ("import sys, asv.machine as m; path = sys.argv.pop(1); "
+             "m.MachineCollection.get_machine_file_path = staticmethod(lambda: path); "
+             "from asv.main import main; sys.argv[0] = 'asv'; sys.exit(main())")
+
+
+def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int = 0, **config) -> int:
+    """``asv ARGS`` with a temporary configuration (results_dir ``results``, html_dir ``html``, ``config``
+    overriding asv.conf.json) and a temporary machine file holding this machine, named by its hardware."""
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), env_dir=str(ROOT / ".asv" / "env"),
+                results_dir=str(results), html_dir=str(html or results.parent / "html"), **config)
+    machine = provenance.asv_machine()
+    with tempfile.TemporaryDirectory(prefix="harness-asv-") as tmp:
+        (Path(tmp) / "asv.conf.json").write_text(json.dumps(conf, indent=2))
+        (Path(tmp) / "machine.json").write_text(json.dumps({machine["machine"]: machine, "version": 1}))
+        cmd = [sys.executable, "-c", _ASV_MAIN, str(Path(tmp) / "machine.json"), *args,
+               "--config", str(Path(tmp) / "asv.conf.json")]
+        if args[0] in ("run", "continuous"):
+            cmd += ["--machine", machine["machine"]]
+        return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT).returncode
+
+

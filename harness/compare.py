@@ -1,0 +1,430 @@
+"""A/B comparison that sees a 10% change on a shared machine: ``python -m harness compare BASE HEAD``.
+
+Both commits' code runs in one session: each commit gets a git worktree and a virtual environment of its own
+(the running interpreter's packages -- torch -- reached through a .pth file, the project installed editable
+with --no-deps: no network), and one long-lived worker process (harness/benchworker.py) per side.  The same
+benchmark suite (this checkout's benchmarks/, as asv uses) runs on both.  For each case the two workers take
+turns, round after round, the order flipping each round (A B, B A, A B, ...), so load that comes and goes on a
+shared machine falls on both sides alike and cancels in each round's ratio HEAD / BASE.  A ``time_`` case is
+read as the fastest call's CPU time in each sample, on one torch thread, both sides of a round on one CPU
+(`measure` says why).
+
+The ratio is the Hodges-Lehmann estimate (median of the Walsh averages) of the rounds' log ratios, with the
+distribution-free confidence interval that inverts the Wilcoxon signed-rank test (Hollander & Wolfe,
+Nonparametric Statistical Methods, Sec. 3.2): a load spike on one side of one round moves it by one rank,
+not by its size.  Verdict: ``slower`` / ``faster`` when the CONFIDENCE interval excludes 1 and the estimate
+is at least MIN_EFFECT away from 1 (two processes of identical code in two worktrees were measured to differ
+by up to ~3% for a whole comparison, which enough rounds call significant), ``noisy`` when neither holds and
+the interval still
+reaches NOISY away from 1 (the comparison cannot rule such a change out), else ``same``.  For ``track_``
+values the verdict is ``higher`` / ``lower``, and ``worse`` / ``better`` where the benchmark's unit says
+which way is better.
+
+Two registered implementations on one commit go through the same engine (``--impls A B``): two workers of one
+environment, the cases whose parameters name A paired with the same cases naming B.
+
+`power` validates all this honestly: copies of the repository whose harness.calibrated.COST is raised by
+5, 10, 20% (and 0%: a copy that changes nothing but a comment) are compared with the original again and again
+(docs/benchmarks.md has the measured detection and false-alarm rates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness import provenance
+
+ROOT = provenance.ROOT
+ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, reused (git-ignored)
+WORKER = Path(__file__).with_name("benchworker.py")
+ROUNDS = 40
+MIN_ROUNDS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
+BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
+CONFIDENCE = 0.99
+MIN_EFFECT = 0.05
+NOISY = 0.10
+WORSE = ("slower", "worse")
+HIGHER_IS_BETTER = {"GFLOP/s", "TFLOP/s", "GB/s", "speedup", "x", "tokens/call", "fraction", "a", "requests"}
+CALIBRATED = r"^bench_harness\.Calibrated\.time_work$"
+
+
+# ------------------------------------------------------------------------------------------ statistics
+def signed_rank_interval(d, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(Hodges-Lehmann estimate, lower, upper) of the centre of ``d``: the median of the n(n+1)/2 Walsh
+    averages (d_i + d_j) / 2, i <= j, and the ones at the ranks where the exact null distribution of the
+    signed-rank statistic leaves (1 - confidence) / 2 in each tail.  +-inf when n is too small for it."""
+    import numpy as np
+
+    d = np.sort(np.asarray(d, dtype=float))
+    n = len(d)
+    i, j = np.triu_indices(n)
+    walsh = np.sort((d[i] + d[j]) / 2)  # (n(n+1)/2,)
+    counts = np.zeros(len(walsh) + 1)  # ways to reach each signed-rank sum T = 0 .. n(n+1)/2
+    counts[0] = 1.0
+    for rank in range(1, n + 1):
+        counts[rank:] = counts[rank:] + counts[:-rank].copy()
+    cdf = np.cumsum(counts) / 2.0**n
+    c = int(np.sum(cdf <= (1 - confidence) / 2))  # P(T <= c - 1) <= alpha / 2
+    if c == 0:
+        return float(np.median(walsh)), -math.inf, math.inf
+    return float(np.median(walsh)), float(walsh[c - 1]), float(walsh[len(walsh) - c])
+
+
+@dataclass
+class Result:
+    name: str
+    params: tuple
+    kind: str = "time"
+    unit: str | None = None
+    clock: str = "cpu"
+    verdict: str = "skipped"
+    ratio: float = math.nan  # HEAD / BASE (B / A)
+    low: float = math.nan
+    high: float = math.nan
+    p_value: float = math.nan
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    why: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name + (f"({', '.join(map(repr, self.params))})" if self.params else "")
+
+
+def judge(r: Result, higher_is_better: bool | None = None) -> Result:
+    """Fill in the ratio, its interval, the signed-rank p-value and the verdict from the paired rounds."""
+    import numpy as np
+    from scipy.stats import wilcoxon
+
+    a, b = np.asarray(r.a, dtype=float), np.asarray(r.b, dtype=float)
+    if len(a) < 6 or np.any(a <= 0) or np.any(b <= 0):  # a ratio of non-positive values means nothing
+        r.verdict, r.ratio = "unmeasurable", float(np.median(b) / np.median(a)) if len(a) and np.median(a) else math.nan
+        r.why = r.why or f"{len(a)} rounds of positive values needed for a ratio"
+        return r
+    d = np.log(b / a)
+    centre, low, high = signed_rank_interval(d)
+    r.ratio, r.low, r.high = math.exp(centre), math.exp(low), math.exp(high)
+    r.p_value = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+    if r.low > 1 and r.ratio >= 1 + MIN_EFFECT:
+        up = True
+    elif r.high < 1 and r.ratio <= 1 / (1 + MIN_EFFECT):
+        up = False
+    else:
+        r.verdict = "noisy" if r.low < 1 / (1 + NOISY) or r.high > 1 + NOISY else "same"
+        return r
+    if r.kind == "time":
+        r.verdict = "slower" if up else "faster"
+    elif higher_is_better is None:
+        r.verdict = "higher" if up else "lower"
+    else:
+        r.verdict = "better" if up == higher_is_better else "worse"
+    return r
+
+
+# ------------------------------------------------------------------------------------------ environments
+def git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"git {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def prepare(commit: str, repo: Path = ROOT) -> tuple[Path, Path]:
+    """(interpreter, source tree) of ``commit``: a worktree and a venv, built once and kept in ENVS."""
+    sha = git(repo, "rev-parse", f"{commit}^{{commit}}")
+    home = ENVS / sha[:16]
+    src, venv = home / "src", home / "venv"
+    python = venv / "bin" / "python"
+    if (home / "ready").is_file():
+        return python, src
+    shutil.rmtree(home, ignore_errors=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
+    home.mkdir(parents=True)
+    git(repo, "worktree", "add", "--detach", "--force", str(src), sha)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "_harness_base.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch & co., appended
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                              "--no-index", "-e", str(src)], capture_output=True, text=True)
+    if install.returncode:
+        raise RuntimeError(f"installing {sha[:12]} failed:\n{install.stderr[-2000:]}")
+    (home / "ready").write_text(sha + "\n")
+    return python, src
+
+
+# ------------------------------------------------------------------------------------------ workers
+class Worker:
+    """One benchmark process of one commit (harness/benchworker.py), answering one JSON line per request."""
+
+    def __init__(self, python: Path, src: Path, suite: Path = ROOT / "benchmarks", limit_s: float = 900,
+                 script: Path = WORKER) -> None:
+        self.limit_s = limit_s
+        self.log = tempfile.TemporaryFile(mode="w+")
+        boot = f"import runpy, sys; sys.argv = ['benchworker', {str(suite)!r}]; " \
+               f"runpy.run_path({str(script)!r}, run_name='__main__')"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.proc = subprocess.Popen([str(python), "-c", boot], cwd=src, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+
+    def ask(self, op: str, **request) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **request}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.limit_s)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            self.log.seek(0)
+            raise RuntimeError(f"benchmark worker {'timed out' if not ready else 'died'} on {op}: "
+                               f"{self.log.read()[-3000:]}")
+        return json.loads(line)
+
+    def cases(self, pattern: str) -> list[tuple[str, tuple]]:
+        answer = self.ask("list", pattern=pattern)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        self.failed = answer.get("failed", [])
+        return [(name, tuple(params)) for name, params in answer["cases"]]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def measure(a: Worker, b: Worker, case_a: tuple[str, tuple], case_b: tuple[str, tuple], rounds: int = ROUNDS,
+            budget_s: float = BUDGET_S, clock: str = "cpu", threads: int = 1) -> Result:
+    """Set up case_a in worker a and case_b in b, then ``rounds`` rounds of one sample each (fewer, down to
+    MIN_ROUNDS, where a round takes more than budget_s / rounds), the order flipped every round; the result
+    holds B / A.  A time_ case runs on ``threads`` torch threads (0: as the benchmark sets them), both sides
+    calling it the same number of times per sample, and is read in ``clock`` seconds per call: "cpu", the
+    fastest call's CPU time in the sample (a call that other processes preempted costs more, never less),
+    or "wall"; a cuda case always in wall seconds.  On one thread, both sides of a round run on the same
+    CPU, the next round on the next CPU: a core slowed by its neighbours (a busy hyperthread sibling on the
+    host) then slows both sides of a round, not one process for the whole comparison."""
+    started = time.perf_counter()
+    name, params = case_b
+    r = Result(name, params, kind=name.rsplit(".", 1)[-1].split("_", 1)[0])
+    timed = r.kind == "time"
+    extra = {"threads": threads} if timed and threads else {}
+    first = a.ask("setup", name=case_a[0], params=list(case_a[1]), **extra)
+    answers = [first, b.ask("setup", name=name, params=list(params), number=first.get("number"), **extra)]
+    problem = next((x.get("skip") or x.get("error") for x in answers if not x.get("ok")), None)
+    r.clock = "value" if r.kind != "time" else "wall" if clock == "wall" or "cuda" in params else "cpu"
+    key = "cpu" if r.clock == "cpu" else "value"
+    i = 0
+    cpus = sorted(os.sched_getaffinity(0))
+    while problem is None and i < rounds:
+        round_started = time.perf_counter()
+        pin = {"cpu": cpus[i % len(cpus)]} if timed and threads == 1 else {}
+        for side in ((a, r.a), (b, r.b)) if i % 2 == 0 else ((b, r.b), (a, r.a)):
+            answer = side[0].ask("sample", **pin)
+            if "error" in answer:
+                problem = answer["error"]
+                break
+            side[1].append(answer[key])
+        if i == 0:
+            rounds = max(MIN_ROUNDS, min(rounds, int(budget_s / (time.perf_counter() - round_started))))
+        i += 1
+    for w in (a, b):
+        w.ask("teardown")
+    r.seconds = time.perf_counter() - started
+    r.unit = answers[1].get("unit") or ("s" if r.kind == "time" else None)
+    if problem:
+        r.verdict, r.why = ("skipped" if all(x.get("ok") or "skip" in x for x in answers) else "error"), problem
+        return r
+    higher = answers[1].get("higher_is_better")
+    return judge(r, higher if higher is not None else (r.unit in HIGHER_IS_BETTER if r.kind == "track" else None))
+
+
+# ------------------------------------------------------------------------------------------ comparisons
+def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, repo: Path = ROOT,
+                    clock: str = "cpu", threads: int = 1, progress=print) -> list[Result]:
+    """Every case matching ``bench`` (asv's --bench syntax) at both commits: HEAD / BASE, one Result each."""
+    (pa, sa), (pb, sb) = prepare(base, repo), prepare(head, repo)
+    with Worker(pa, sa) as a, Worker(pb, sb) as b:
+        at_base, at_head = a.cases(bench), b.cases(bench)
+        results = []
+        for case in at_head:
+            if case not in at_base:
+                results.append(Result(*case, verdict="new", why="not at BASE"))
+                continue
+            results.append(measure(a, b, case, case, rounds, clock=clock, threads=threads))
+            if results[-1].verdict != "skipped":
+                progress(line(results[-1]))
+        results += [Result(*case, verdict="gone", why="not at HEAD") for case in at_base if case not in at_head]
+    return results
+
+
+def compare_impls(impl_a: str, impl_b: str, bench: str, *, commit: str = "HEAD", rounds: int = ROUNDS,
+                  repo: Path = ROOT, clock: str = "cpu", threads: int = 1, progress=print) -> list[Result]:
+    """impl_b / impl_a on one commit: each case naming impl_a paired with the same case naming impl_b."""
+    python, src = prepare(commit, repo)
+    with Worker(python, src) as a, Worker(python, src) as b:
+        cases = set(a.cases(bench))
+        results = []
+        for name, params in sorted(cases, key=str):
+            if impl_a not in params:
+                continue
+            other = (name, tuple(impl_b if p == impl_a else p for p in params))
+            if other in cases:
+                results.append(measure(a, b, (name, params), other, rounds, clock=clock, threads=threads))
+                progress(line(results[-1]))
+    return results
+
+
+def line(r: Result) -> str:
+    if math.isnan(r.ratio):
+        return f"{r.verdict:>12}  {'':>24}  {r.label}  ({r.why[:100]})"
+    return (f"{r.verdict:>12}  {r.ratio:7.3f} [{r.low:6.3f}, {r.high:6.3f}]  {r.label}  "
+            f"({len(r.a)} rounds, {r.seconds:.0f} s)")
+
+
+def table(results: list[Result], a: str, b: str) -> str:
+    """One line per measured case; skipped ones (a cuda case without a GPU...) counted in one line, with why."""
+    head = f"{'verdict':>12}  {b} / {a}, {CONFIDENCE:.0%} interval"
+    skipped = [r for r in results if r.verdict == "skipped"]
+    reasons = sorted({r.why.splitlines()[0][:80] for r in skipped})
+    tail = [f"{len(skipped)} cases skipped here: {'; '.join(reasons)}"] if skipped else []
+    return "\n".join([head, *(line(r) for r in results if r.verdict != "skipped"), *tail])
+
+
+# ------------------------------------------------------------------------------------------ validation
+def copies(fractions: list[float], repo: Path = ROOT, at: str = "HEAD") -> tuple[Path, str, dict[float, str]]:
+    """A scratch clone of ``repo`` at ``at`` and, per fraction f, a commit on top of it whose
+    harness.calibrated.COST is 1 + f (f = 0: only a comment changes).  Commit dates are fixed, so the same
+    HEAD gives the same copies (and their environments are reused)."""
+    head = git(repo, "rev-parse", f"{at}^{{commit}}")
+    scratch = ENVS / f"copies-{head[:12]}"
+    if not (scratch / ".git").is_dir():
+        shutil.rmtree(scratch, ignore_errors=True)
+        git(repo, "clone", "-q", "--shared", "--no-checkout", str(repo), str(scratch))
+    env = {**os.environ, "GIT_AUTHOR_NAME": "harness.compare", "GIT_AUTHOR_EMAIL": "compare@invalid",
+           "GIT_COMMITTER_NAME": "harness.compare", "GIT_COMMITTER_EMAIL": "compare@invalid",
+           "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
+    made = {}
+    for f in fractions:
+        git(scratch, "checkout", "-q", "--detach", "--force", head)
+        path = scratch / "harness" / "calibrated.py"
+        text = path.read_text()
+        new = re.sub(r"^COST = 1\.0\b", f"COST = {1 + f!r}" if f else "COST = 1.0  # a copy", text, count=1, flags=re.M)
+        if new == text:
+            raise RuntimeError("harness/calibrated.py has no 'COST = 1.0' line to change")
+        path.write_text(new)
+        subprocess.run(["git", "commit", "-q", "-am", f"calibrated cost x{1 + f}"], cwd=scratch, env=env, check=True)
+        made[f] = git(scratch, "rev-parse", "HEAD")
+    return scratch, head, made
+
+
+def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out: Path | None = None,
+          at: str = "HEAD") -> dict:
+    """Compare the original with each copy ``comparisons`` times, the fractions taking turns so that the
+    machine's load falls on all of them alike; per fraction, how often the verdict was ``slower``, the
+    ratios, and the seconds per comparison (fresh workers each time, environments already built)."""
+    scratch, base, made = copies(fractions, at=at)
+    for commit in [base, *made.values()]:
+        prepare(commit, scratch)
+    tally = {f: {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [], "seconds": []}
+             for f in fractions}
+    for k in range(comparisons):
+        for f in fractions:
+            started = time.perf_counter()
+            (r,) = compare_commits(base, made[f], CALIBRATED, rounds=rounds, repo=scratch, progress=lambda _: None)
+            t = tally[f]
+            t["n"] += 1
+            t["slower"] += r.verdict == "slower"
+            t["faster"] += r.verdict == "faster"
+            t["verdicts"].append(r.verdict)
+            t["ratios"].append(r.ratio)
+            t["intervals"].append([r.low, r.high])
+            t["seconds"].append(time.perf_counter() - started)
+            print(f"power {k + 1}/{comparisons} +{f:.0%}: {line(r)}  [{time.perf_counter() - started:.1f} s]",
+                  flush=True)
+        if out:
+            provenance.write_json(out, {"fractions": tally, "rounds": rounds, "machine": provenance.machine_name(),
+                                        "commit": base, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT})
+    return tally
+
+
+# ------------------------------------------------------------------------------------------ command line
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("base", nargs="?", default="main", help="the commit measured as A (default main)")
+    p.add_argument("head", nargs="?", default="HEAD", help="the commit measured as B (default HEAD)")
+    p.add_argument("--bench", metavar="PATTERN", help="cases matching this (asv --bench syntax: "
+                   "module.Class.method(param, ...)); default: the quick pass's headline cases")
+    p.add_argument("--impls", nargs=2, metavar=("A", "B"), help="instead of two commits: implementation B / A "
+                   "on the commit HEAD names")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help=f"A/B rounds per case (default {ROUNDS})")
+    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="how time_ cases are read: the "
+                   "worker's CPU seconds (default; load from other processes does not inflate them) or wall seconds")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of time_ cases (default 1: on a shared "
+                   "machine a second thread waits for its descheduled partner; 0: as each benchmark sets them)")
+    p.add_argument("--json", metavar="FILE", help="also write every case's rounds and verdict as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.asvrun import QUICK, regex
+
+    bench = args.bench or regex(QUICK)
+    if args.impls:
+        a, b = args.impls
+        results = compare_impls(a, b, bench, commit=args.head, rounds=args.rounds, clock=args.clock,
+                                threads=args.threads)
+    else:
+        a, b = args.base, args.head
+        results = compare_commits(a, b, bench, rounds=args.rounds, clock=args.clock,
+                                threads=args.threads)
+    print(f"\nmachine {provenance.machine_name()}; {a} vs {b}\n" + table(results, a, b))
+    if args.json:
+        provenance.write_json(args.json, {"machine": provenance.machine_name(), "a": a, "b": b,
+                                          "confidence": CONFIDENCE, "min_effect": MIN_EFFECT,
+                                          "results": [asdict(r) | {"label": r.label} for r in results]})
+    return 1 if any(r.verdict in WORSE for r in results) else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    parser.add_argument("--power", nargs="*", type=float, metavar="FRACTION",
+                        help="validate instead: compare copies whose calibrated cost is raised by these fractions")
+    parser.add_argument("--comparisons", type=int, default=40, help="with --power: comparisons per fraction")
+    parser.add_argument("--at", default="HEAD", help="with --power: the commit to copy (default HEAD; an earlier "
+                        "one reuses the environments its copies already have)")
+    parser.add_argument("--out", type=Path, help="with --power: where to write the tally (default: "
+                        "<output_root>/compare-power.json)")
+    args = parser.parse_args()
+    if args.power is not None:
+        out = args.out or provenance.output_root() / "compare-power.json"
+        power(args.power or [0.0, 0.05, 0.10, 0.20], args.comparisons, rounds=args.rounds, out=out, at=args.at)
+        print(f"power: {out}")
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""harness.history: which commits a backfill picks, and result files that keep one series per machine."""
+
+import json
+
+from harness import history
+
+
+def test_spread_keeps_both_ends_and_spaces_evenly():
+    commits = [f"c{i}" for i in range(160)]
+    picked = history.spread(commits, 48)
+    assert len(picked) == len(set(picked)) == 48 and picked[0] == "c0" and picked[-1] == "c159"
+    gaps = {commits.index(b) - commits.index(a) for a, b in zip(picked, picked[1:], strict=False)}
+    assert gaps <= {3, 4}
+    assert history.spread(commits[:5], 48) == commits[:5]
+
+
+def test_coarse_to_fine_spans_the_range_at_every_prefix():
+    commits = [f"c{i}" for i in range(48)]
+    order = history.coarse_to_fine(commits)
+    assert sorted(order) == sorted(commits) and order[:3] == ["c0", "c47", "c24"]
+    first = sorted(commits.index(c) for c in order[:9])  # the first nine: eighths of the range
+    assert max(b - a for a, b in zip(first, first[1:], strict=False)) <= 6
+
+
+def entry(result, version="v1"):
+    n = len(result)
+    return [result, [[repr(i) for i in range(n)]], version, 0, 1.0, None, None, [None] * n, [None] * n,
+            [None] * n, [None] * n, [None] * n, None]
+
+
+def document(results, python="/some/venv/bin/python", machine="old-name"):
+    return {"commit_hash": "ab" * 20, "env_name": "existing-py_some_venv", "date": 1, "python": python,
+            "requirements": {"torch": "2.13.0"}, "params": {"machine": machine, "cpu": "?", "python": python,
+                                                             "torch": "2.13.0", "ram": "25276510208"},
+            "env_vars": {}, "result_columns": history.COLUMNS, "results": results, "durations": {}, "version": 2}
+
+
+def test_merge_keeps_the_cases_a_later_run_did_not_measure():
+    old = document({"b.C.track": entry([1.0, 2.0, 3.0]), "b.C.other": entry([5.0])})
+    new = document({"b.C.track": entry([None, 20.0, float("nan")])})
+    merged = history.merge(old, new)
+    assert merged["results"]["b.C.track"][0] == [1.0, 20.0, 3.0]
+    assert merged["results"]["b.C.other"][0] == [5.0]
+    stale = document({"b.C.track": entry([None, 7.0, None], version="v2")})  # new benchmark code: no mixing
+    assert history.merge(old, stale)["results"]["b.C.track"][0] == [None, 7.0, None]
+
+
+def test_normalize_gives_files_their_machine_fields_and_interpreter_version(tmp_path):
+    folder = tmp_path / "xeon-amx-2c-24g"
+    folder.mkdir()
+    machine = {"machine": "xeon-amx-2c-24g", "cpu": "Intel(R) Xeon(R) Processor (amx)", "ram": "24 GiB",
+               "gpu": "none", "num_cpu": "2", "arch": "x86_64", "os": "Linux"}
+    (folder / "machine.json").write_text(json.dumps({**machine, "version": 1}))
+    (folder / "abababab-existing-py_some_venv.json").write_text(json.dumps(document({"b.C.t": entry([1.0])})))
+    assert history.normalize(tmp_path, python="3.11") == 1
+    (path,) = [p for p in folder.glob("*.json") if p.name != "machine.json"]
+    data = json.loads(path.read_text())
+    assert data["python"] == data["params"]["python"] == "3.11"
+    assert {k: data["params"][k] for k in machine} == machine
+    assert path.name == f"abababab-{data['env_name']}.json" and "/" not in data["env_name"]
+    assert history.normalize(tmp_path, python="3.11") == 0  # idempotent
