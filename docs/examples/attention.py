@@ -6,12 +6,13 @@
 import torch
 
 from harness import declare
-from harness.contracts.attention import check_inputs
+from harness.contracts.attention import check_inputs, check_scores_budget
 
 
 @declare(dtypes=("float32", "float64"), devices=("cpu",))
 def attention(q, k, v, *, causal=False, scale=None):
     scale = check_inputs(q, k, v, scale, causal)  # ValueError/TypeError naming the argument on bad input
+    check_scores_budget("my attention", q, k.shape[2], copies=2)  # refuse, before allocating, scores past the budget
     B, H, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     k = k.repeat_interleave(H // Hkv, dim=1)  # (B, H, Nk, d): query head h reads kv head h // (H // Hkv)

@@ -7,12 +7,14 @@
 import torch
 
 from harness import declare
+from harness.contracts.attention import check_scores_budget
 from harness.contracts.attention_backward import check_backward_inputs
 
 
 @declare(dtypes=("float32", "float64"), devices=("cpu",))
 def attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None):
     scale = check_backward_inputs(q, k, v, o, lse, do, scale, causal)
+    check_scores_budget("my backward", q, k.shape[2], copies=4)  # S, P, dP, dS: refused past the budget
     B, H, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     G = H // Hkv
