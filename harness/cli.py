@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from harness import compare
 
-    cmp = sub.add_parser("compare", help="A/B: HEAD / BASE per benchmark case in interleaved rounds, with a 99% "
+    cmp = sub.add_parser("compare", help="A/B: HEAD / BASE per benchmark case in interleaved rounds, with a 99%% "
                                          "interval and a verdict (or two implementations: --impls A B)")
     compare.add_arguments(cmp)
     cmp.set_defaults(func=compare.run)

@@ -128,3 +128,15 @@ def test_ctrl_c_stops_within_two_seconds_and_leaves_nothing_half_written(command
     assert _alive(children) == set(), "a checking process outlived the harness"
     left = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
     assert left == [], f"files left behind: {left}"
+
+
+def test_every_help_page_renders(capsys):
+    """argparse formats help lazily: a stray % in one subcommand's help broke `harness --help` for all."""
+    from harness.cli import _parser, main
+
+    commands = [[]] + [[name] for name in _parser()._subparsers._group_actions[0].choices]
+    for command in commands:
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--help"])
+        assert exit_.value.code == 0, command
+        assert "usage:" in capsys.readouterr().out, command
