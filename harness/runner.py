@@ -378,13 +378,17 @@ def verdicts_of(impl: Impl, props: list[Property], *, profile: str, plugin: str 
     for prop in props:
         isolation.send("start", prop.name)
         verdict = run_property(prop, impl, profile=profile, plugin=plugin, blob=blob, shrink=shrink)
+        if not shrink and prop.name in impl.killed_by and "ContractViolation: raised " in verdict.message:
+            verdict = run_property(prop, impl, profile=profile, plugin=plugin, blob=blob)  # a crash: shrink
         verdict.output, offset = isolation.output_since(offset)
         isolation.send("verdict", verdict)
         yield verdict
 
 
 def kill_mutant(mutant: Impl, props: list[Property], *, profile: str, all_properties: bool) -> list[Verdict]:
-    """The mutant's declared killers first; without ``all_properties``, stop at the first that kills it."""
+    """The mutant's declared killers first; without ``all_properties``, stop at the first that kills it.
+    Unshrunk: the first failing example is the kill.  Where that example made the mutant raise, the property is
+    run again with shrinking, which may reach the bug it computes (a crash is not a kill for its reason)."""
     ordered = sorted(props, key=lambda p: p.name not in mutant.killed_by)
     verdicts = []
     for verdict in verdicts_of(mutant, ordered, profile=profile, shrink=False):

@@ -737,6 +737,10 @@ PINNED = {
     # a swap_in that runs out with one idle cached block free, evicting it before giving up
     "swap_in_oob_evicts": (PoolGeometry(1, 2, 2), [
         ("allocate", [0, 1]), ("swap_out", 1), ("allocate", [2]), ("swap_in", 1)]),
+    # copy-on-write decided by a "fresh from swap_in" flag: a fork after swap_in shares the last block again, and the
+    # parent's write must copy it
+    "cow_after_swap_in": (PoolGeometry(2, 4, 2), [
+        ("allocate", [0]), ("swap_out", 1), ("swap_in", 1), ("fork", 1, [], [5], True)]),
     # allocate's capacity check counting a cached prefix held by a live sequence as new blocks (vLLM v0)
     "oob_ignores_hits": (PoolGeometry(2, 3, 0), [("allocate", [0, 0]), ("allocate", [1, 1]), ("allocate", [0, 0, 2])]),
 }

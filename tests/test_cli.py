@@ -89,8 +89,12 @@ def test_list_prints_the_capability_table():
 
 
 def _children(pid: int) -> set[int]:
-    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
-    return {int(p) for p, parent in (line.split() for line in ps.splitlines()) if int(parent) == pid}
+    """The checking processes of harness ``pid``: its children that lead their own session (harness.isolation's
+    setsid).  Not any child: importing the implementations runs `ldconfig -p`, and a Ctrl-C sent then lands
+    mid-import."""
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,sid="], capture_output=True, text=True).stdout
+    return {int(p) for p, parent, sid in (line.split() for line in ps.splitlines()) if int(parent) == pid
+            and sid == p}
 
 
 def _alive(pids: set[int]) -> set[int]:

@@ -14,12 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = '''
 import torch
 from harness import declare
-from harness.contracts.attention import check_inputs
+from harness.contracts.attention import check_inputs, check_scores_budget
 
 
 @declare(dtypes=("float32", "float64"))
 def attention(q, k, v, *, causal=False, scale=None):
     scale = check_inputs(q, k, v, scale, causal)
+    check_scores_budget("my_pkg attention", q, k.shape[2], copies=2)
     G = q.shape[1] // k.shape[1]
     s = q @ k.repeat_interleave(G, dim=1).transpose(-1, -2) * scale  # (B, H, Nq, Nk)
     Nq, Nk = s.shape[-2:]

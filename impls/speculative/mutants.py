@@ -94,7 +94,8 @@ def buggy_speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=
         if bug == "q_of_first_position" and qs:  # the draft's probabilities read as draft_probs[:, 0] at every position
             qs = [qs[0]] * k
         n = accepted(rng, p, qs, xs, bug, eos)
-        if n < k:
+        eos_taken = bug == "unverified_draft_eos" and bool(xs) and xs[-1] == eos and n == k - 1  # the rest passed
+        if n < k and not eos_taken:
             q_n = qs[n + 1] if bug == "residual_from_next_q" and n + 1 < k else qs[n]
             r = (p[n] - q_n).clamp(min=0)
             if bug == "residual_unnormalized":
@@ -107,7 +108,7 @@ def buggy_speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=
             else:
                 last = int(rng.categorical(p[n] if bug == "resample_from_p" else residual(p[n], q_n)))
             new = [*xs[: n + 1 if bug == "emits_rejected_draft" else n], last]
-        elif bug == "no_bonus" or bug == "unverified_draft_eos" and xs and xs[-1] == eos:
+        elif bug == "no_bonus" or eos_taken:
             new = list(xs)
         else:
             bonus = draft([ctx + xs])[0, -1] if bug == "bonus_from_q" else p[max(k - 1, 0)] if (
