@@ -97,14 +97,16 @@ def _children(pid: int) -> set[int]:
             and sid == p}
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it: a test runner's worker may run with SIGINT ignored or blocked, which a
+    child inherits."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _alive(pids: set[int]) -> set[int]:
     ps = subprocess.run(["ps", "-eo", "pid=,stat="], capture_output=True, text=True).stdout
     return {int(p) for p, stat in (line.split() for line in ps.splitlines()) if int(p) in pids and "Z" not in stat}
-
-
-def output_of(proc: subprocess.Popen) -> str:
-    proc.kill()
-    return proc.communicate()[0][-2000:]
 
 
 @pytest.mark.parametrize("command", ["check", "run"])
@@ -114,17 +116,26 @@ def test_ctrl_c_stops_within_two_seconds_and_leaves_nothing_half_written(command
     out = tmp_path / "out"
     args = (["check", "attention", "--plugin", f"{PLUGINS}:sleeps", "--json", str(out / "v.json")]
             if command == "check" else ["run", "--no-bench", "--no-report", "--jobs", "1"])
-    proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "HARNESS_OUT": str(out)})
+    log = tmp_path / "output.txt"  # a file, not a pipe: a stray process holding a pipe open is not the harness
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, stdout=sink,
+                                stderr=subprocess.STDOUT, env={**os.environ, "HARNESS_OUT": str(out)},
+                                preexec_fn=_default_sigint)
     deadline, children = time.monotonic() + 240, set()
     while not children and time.monotonic() < deadline:
         time.sleep(0.2)  # wait for a checking process to exist
         children = _children(proc.pid)
-    assert children, output_of(proc)
+    assert children, log.read_text()[-2000:]
     time.sleep(2.0)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        tree = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,args"], capture_output=True, text=True).stdout
+        proc.kill()
+        pytest.fail(f"still running 60 s after Ctrl-C; its output:\n{log.read_text()[-2000:]}\nprocesses:\n{tree}")
+    output = log.read_text()
     took = time.monotonic() - sent
     assert proc.returncode == 130, output[-2000:]
     assert took <= STOP_WITHIN_S, f"stopped {took:.1f} s after Ctrl-C"
