@@ -83,6 +83,14 @@ def test_matches_reference(impl, data):
     assert_matches_reference(impl, draw_case(data, impl))
 
 
+@given(data=st.data())
+def test_matches_reference_on_ambiguous_shapes(impl, data):
+    """The same law on the shapes a layout sniffed from them gets wrong, one in every draw (AMBIGUOUS): H == Nq,
+    where an L of (B, H, Nq) reads as the (B, Nq, H) of packed kernels; Nk == d; Nq == Nk; Nk == Hkv; H == Hkv.
+    test_matches_reference meets each in one draw of ~30, too few for the ci profile's 30 examples."""
+    assert_matches_reference(impl, draw_case(data, impl, ambiguous=True))
+
+
 @applies(declared_max_len)
 @given(data=st.data())
 def test_matches_reference_past_one_tile(impl, data):

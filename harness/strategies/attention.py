@@ -93,13 +93,15 @@ AMBIGUOUS = ("Nk == d", "Nq == Nk", "Nq == H", "Nk == Hkv", "H == Hkv")
 
 
 @st.composite
-def shapes(draw: st.DrawFn, max_len: int = 300, max_d: int = 128) -> tuple[int, int, int, int, int]:
-    """(H, Hkv, Nq, Nk, d): lengths at tile edges, decode, square, GQA groupings, and the ambiguous shapes."""
+def shapes(draw: st.DrawFn, max_len: int = 300, max_d: int = 128, ambiguous: bool = False,
+           ) -> tuple[int, int, int, int, int]:
+    """(H, Hkv, Nq, Nk, d): lengths at tile edges, decode, square, GQA groupings, and the ambiguous shapes (every
+    draw one of them when ``ambiguous``)."""
     H, Hkv = draw(head_counts())
     Nk = draw(lengths(max_len))
     Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
     d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, max_d)))
-    if draw(st.integers(0, AMBIGUITY - 1)) == 0:
+    if ambiguous or draw(st.integers(0, AMBIGUITY - 1)) == 0:
         forced = draw(st.sampled_from(AMBIGUOUS))
         if forced == "Nk == d":
             Nk = d = min(max(Nk, 2), max_len, max_d)
@@ -128,10 +130,12 @@ def attention_cases(
     max_d: int = 128,
     offset: st.SearchStrategy[float] | None = None,
     arguments: tuple[str, ...] = ARGUMENTS[:3],
+    ambiguous: bool = False,
 ) -> AttentionCase:
     """``magnitude`` / ``offset``: logits of 1e3-1e4 / every logit far below 0 (a nonzero scale then, one that
-    keeps -offset/scale finite in float16).  ``arguments``: the tensors that get a layout drawn."""
-    H, Hkv, Nq, Nk, d = draw(shapes(max_len, max_d))
+    keeps -offset/scale finite in float16).  ``arguments``: the tensors that get a layout drawn.  ``ambiguous``:
+    every draw has one of the AMBIGUOUS shapes."""
+    H, Hkv, Nq, Nk, d = draw(shapes(max_len, max_d, ambiguous))
     dtype = draw(st.sampled_from(dtypes))
     scale = draw(scales if offset is None else half_safe_scales if dtype == "float16" else nonzero_scales)
     layouts = {name: draw(st.sampled_from(LAYOUTS), label=f"layout of {name}") for name in arguments}

@@ -25,6 +25,8 @@ BUGS = {
     "keys_past_4096_dropped": "key tiles past 4096 keys never launched: a grid sized for 128 tiles of 32",
     "half_scores_rounded": "float16/bfloat16 scores recomputed and rounded to the inputs' dtype before "
                            "P = exp(S - L): past logit 256 bfloat16 moves each score by a nat or more",
+    "lse_sniffed_square": "accepts L stored (B, Nq, H) too (the layout of packed and varlen kernels), sniffed from "
+                          "the shape: when H == Nq the (B, H, Nq) L is read transposed",
     "output_on_k_device": "devices never compared: every input moved to k's device and the gradients computed "
                           "there (meta gradients for a CPU q)",
 }
@@ -38,6 +40,7 @@ KILLED_BY = {
     "do_read_contiguous": ("matches_reference",),
     "lse_read_contiguous": ("matches_reference",),
     "keys_past_4096_dropped": ("matches_reference_past_one_tile",),
+    "lse_sniffed_square": ("matches_reference_on_ambiguous_shapes",),
     "output_on_k_device": ("rejects_bad_input",),
     "half_scores_rounded": ("large_logits_stay_finite_and_correct",),
 }
@@ -53,6 +56,7 @@ def buggy_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, b
     do = as_if_contiguous(do) if bug == "do_read_contiguous" else do
     lse = as_if_contiguous(lse) if bug == "lse_read_contiguous" else lse
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
+    lse = lse.transpose(1, 2) if bug == "lse_sniffed_square" and H == Nq else lse  # (B, Nq, H) read as (B, H, Nq)
     qg, og, dog = (t.reshape(B, Hkv, H // Hkv, Nq, d).double() for t in (q, o, do))  # (B, Hkv, G, Nq, d)
     kg, vg = k[:, :, None].double(), v[:, :, None].double()  # (B, Hkv, 1, Nk, d)
     n_keys = Nk
