@@ -71,9 +71,12 @@ def _parser() -> argparse.ArgumentParser:
 
     mu = sub.add_parser("mutants", help="run the properties against every mutant; fail if one survives")
     mu.add_argument("technique", nargs="?")
-    mu.add_argument("--score", action="store_true", help="also run each mutant's declared killers under the thorough "
-                    "profile, and print per technique: mutants killed by ci / by thorough, the properties that killed "
-                    "each, the median margin (error / bound of the killing case)")
+    mu.add_argument("--all-properties", action="store_true", help="run every property against every mutant (the "
+                    "whole kill matrix) instead of stopping at the first declared killer that kills it")
+    mu.add_argument("--score", action="store_true", help="run every property (as --all-properties), then each "
+                    "mutant's declared killers under the thorough profile, and print per technique: mutants killed by "
+                    "ci / by thorough, the properties that killed each, the median margin (error / bound of the "
+                    "killing case)")
     _common(mu)
     mu.set_defaults(func=cmd_mutants)
 
@@ -99,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write the report (Markdown + PNG plots measured here)")
     rep.add_argument("--only", action="append", metavar="SECTION", help="only sections whose title contains this")
     rep.add_argument("--out", metavar="DIR", help="where to write it (default: <results>/report)")
+    rep.add_argument("--quick", action="store_true", help="leave out the sections with sweeps of their own (as "
+                     "`run` does), keeping those a previous report measured")
     rep.set_defaults(func=cmd_report)
     return p
 
@@ -168,10 +173,14 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
 
 def cmd_mutants(args) -> int:
     return mutants([args.technique] if args.technique else sorted(load_techniques()), profile=args.profile,
-                   jobs=args.jobs, json_path=args.json, score=args.score)
+                   jobs=args.jobs, json_path=args.json, score=args.score, all_properties=args.all_properties)
 
 
-def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | None, score: bool = False) -> int:
+def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | None, score: bool = False,
+            all_properties: bool = False) -> int:
+    """Kill every mutant of ``techniques``: its declared killers first, stopping at the first that kills it, or every
+    property (``all_properties``, implied by ``score``: the properties that killed each)."""
+    all_properties = all_properties or score
     profiles.load(profile)
     for t in techniques:
         _known_technique(t)
@@ -179,8 +188,11 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
     documents, survivors, scores = [], [], []
     for t in techniques:
         started, props, registered = time.perf_counter(), runner.properties_of(t), impls(t, mutants=True)
-        with Printer(t, len(registered) * len(props), out, quiet=True) as printer:
-            results = runner.kill_mutants(t, profile=profile, jobs=jobs, progress=printer)
+        # stopping at its first kill, a mutant runs at most its declared killers (more only if it survives them)
+        total = len(registered) * len(props) if all_properties else sum(len(m.killed_by) for m in registered)
+        with Printer(t, total, out, quiet=True) as printer:
+            results = runner.kill_mutants(t, profile=profile, jobs=jobs, progress=printer,
+                                          all_properties=all_properties)
         for result in results:
             killed, status = runner.mutant_status(result)
             print(f"{t:<18} {result.name:<32} {status}\n{'':<18} bug: {result.info.get('bug', '?')}", file=out,
@@ -261,8 +273,9 @@ def cmd_run(args) -> int:
         summary.append(("quick benchmarks + dashboard", "ok" if rc == 0 else "FAILED"))
         status |= rc
     if not args.no_report:
-        print("\n=== report ===", flush=True)
-        rc = report(out=None, only=None)
+        print("\n=== report (quick: `python -m harness report` adds the sections with sweeps of their own) ===",
+              flush=True)
+        rc = report(out=None, only=None, quick=True)
         summary.append(("report", "ok" if rc == 0 else "FAILED"))
         status |= rc
     print("\n=== summary ===")
@@ -279,13 +292,13 @@ def cmd_gate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    return report(out=Path(args.out) if args.out else None, only=args.only)
+    return report(out=Path(args.out) if args.out else None, only=args.only, quick=args.quick)
 
 
-def report(*, out: Path | None, only: list[str] | None) -> int:
+def report(*, out: Path | None, only: list[str] | None, quick: bool = False) -> int:
     from harness.report import write_report
 
-    path = write_report(out=out, only=only)
+    path = write_report(out=out, only=only, quick=quick)
     print(f"report: {path}")
     return 0
 
@@ -437,7 +450,7 @@ class Printer(runner.Progress):
         self.done += 1
         self.running.pop(target, None)
         elapsed = time.monotonic() - self.started_at
-        eta = elapsed / self.done * (self.total - self.done)
+        eta = elapsed / self.done * max(0, self.total - self.done)
         if self.bar is not None:
             self.bar.update(1)
             if verdict.status == "FAIL" and not self.quiet:

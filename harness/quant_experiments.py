@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from harness.contracts.quantization import bits_per_weight, dequantize, snr_db
+from harness.progress import progress
 from harness.registry import get
 
 BITS = (8, 4, 3, 2)
@@ -156,17 +157,26 @@ def tables(n_docs: int = 200, n_calib_docs: int = 50) -> dict:
     calib_docs = corpus(n_calib_docs, seed=12345)  # not the test seed: calibration never sees test data
     w = ffn_matrix(target)
     injected, channel = inject_outlier(target)  # a modified copy
-    outliers = [["float (no quantization)", nll_per_token(target, docs), nll_per_token(injected, docs)]]
-    for label, impl, bits in OUTLIER_SCHEMES:
-        outliers.append([label, *(nll_per_token(activation_quantized(m, impl, bits, calib_docs), docs)
-                                  for m in (target, injected))])
+    bar = progress(total=4 + 2 * len(OUTLIER_SCHEMES) + len(BITS) * len(GRANULARITIES), desc="quantization NLL",
+                   unit="model")
+
+    def nll(model) -> float:
+        value = nll_per_token(model, docs)
+        bar.update(1)
+        return value
+
+    with bar:
+        outliers = [["float (no quantization)", nll(target), nll(injected)]]
+        for label, impl, bits in OUTLIER_SCHEMES:
+            quantized = (activation_quantized(m, impl, bits, calib_docs) for m in (target, injected))
+            outliers.append([label, *(nll(m) for m in quantized)])
+        base = nll(target)
+        draft = nll(load("draft_good")) if (WEIGHTS / "draft_good.safetensors").exists() else math.nan
+        grid = [[bits, *(nll(weight_quantized(target, bits, gran, g)) for _, gran, g in GRANULARITIES)]
+                for bits in BITS]
     return {
-        "docs": len(docs), "stats": weight_statistics(w), "channel": channel,
-        "base": nll_per_token(target, docs),
-        "draft": nll_per_token(load("draft_good"), docs) if (WEIGHTS / "draft_good.safetensors").exists() else math.nan,
-        "granularities": [label for label, _, _ in GRANULARITIES],
-        "nll": [[bits, *(nll_per_token(weight_quantized(target, bits, gran, g), docs) for _, gran, g in GRANULARITIES)]
-                for bits in BITS],
+        "docs": len(docs), "stats": weight_statistics(w), "channel": channel, "base": base, "draft": draft,
+        "granularities": [label for label, _, _ in GRANULARITIES], "nll": grid,
         "bits_per_weight_at_4": [bits_per_weight(4, w.shape[1], gran, g, w.shape[0]) for _, gran, g in GRANULARITIES],
         "d_model": w.shape[1], "outliers": outliers,
     }

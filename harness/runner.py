@@ -281,9 +281,9 @@ def check(technique: str, targets: list[Target], *, profile: str, properties: li
 
 
 def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progress | None = None,
-                 all_properties: bool = True, limits: isolation.Limits | None = None) -> list[ImplResult]:
-    """Every registered mutant of ``technique`` against its properties, its declared killers first
-    (``all_properties=False``: stop at the first declared killer that fails)."""
+                 all_properties: bool = False, limits: isolation.Limits | None = None) -> list[ImplResult]:
+    """Every registered mutant of ``technique`` against its properties, its declared killers first, stopping at
+    the first that kills it for its reason (``all_properties``: every property, the whole kill matrix)."""
     from harness.registry import impls
 
     targets = [Target(technique, name=m.name) for m in impls(technique, mutants=True)]
@@ -386,14 +386,16 @@ def verdicts_of(impl: Impl, props: list[Property], *, profile: str, plugin: str 
 
 
 def kill_mutant(mutant: Impl, props: list[Property], *, profile: str, all_properties: bool) -> list[Verdict]:
-    """The mutant's declared killers first; without ``all_properties``, stop at the first that kills it.
-    Unshrunk: the first failing example is the kill.  Where that example made the mutant raise, the property is
-    run again with shrinking, which may reach the bug it computes (a crash is not a kill for its reason)."""
+    """The mutant's declared killers first; without ``all_properties``, stop at the first that kills it for its
+    reason.  Unshrunk: the first failing example is the kill.  Where that example made the mutant raise, the
+    property is run again with shrinking, which may reach the bug it computes (a crash is not a kill for its
+    reason, so the next declared killer is tried)."""
     ordered = sorted(props, key=lambda p: p.name not in mutant.killed_by)
     verdicts = []
     for verdict in verdicts_of(mutant, ordered, profile=profile, shrink=False):
         verdicts.append(verdict)
-        if not all_properties and verdict.status == "FAIL" and verdict.property in mutant.killed_by:
+        if not all_properties and verdict.status == "FAIL" and verdict.property in mutant.killed_by and not (
+                _broke(verdict)):
             break
     return verdicts
 

@@ -29,3 +29,6 @@ def test_mutant_is_killed_for_the_right_reason(mutant):
                and "ContractViolation: raised " in v.message]
     assert len(crashes) < len(set(killers) & set(mutant.killed_by)), (
         f"mutant {mutant.name} crashed instead of computing its bug: {crashes[0].message}")
+    last = verdicts[-1]  # the pass stops at the first kill for its reason: nothing runs after it
+    assert last.status == "FAIL" and last.property in mutant.killed_by and last not in crashes, (
+        f"mutant {mutant.name}: the run went on past its kill to {last.property}")

@@ -36,7 +36,8 @@ def verdict(measured) -> str:
     return "; ".join(said) + (f" ({measured.note})" if measured.note else "")
 
 
-@section("Batch invariance and determinism")
+@section("Batch invariance and determinism",
+         sweep="every batch-invariant implementation at several batch sizes and thread counts: ~1 min on 2 cores")
 def batch_invariance(r: Report) -> None:
     from harness.batch_invariance import TECHNIQUES, fixed_specs, measure_all
 

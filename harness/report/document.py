@@ -53,11 +53,18 @@ class Report:
 
 MAX_SERIES = 8
 SECTIONS: list[tuple[str, Callable[[Report], None]]] = []
+# Sections that run a sweep of their own (minutes on 2 cores), by title: what `python -m harness run` leaves to
+# `python -m harness report`, so the main job's report holds what it measured and the quick benchmark pass.
+SWEEPS: dict[str, str] = {}
 
 
-def section(title: str) -> Callable[[Callable[[Report], None]], Callable[[Report], None]]:
+def section(title: str, sweep: str | None = None) -> Callable[[Callable[[Report], None]], Callable[[Report], None]]:
+    """Register a report section; ``sweep``: what it measures itself and how long that takes (leaves it out of the
+    quick report)."""
     def add(fn: Callable[[Report], None]) -> Callable[[Report], None]:
         SECTIONS.append((title, fn))
+        if sweep:
+            SWEEPS[title] = sweep
         return fn
 
     return add
