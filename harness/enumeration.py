@@ -368,7 +368,9 @@ def tokens_of(generation) -> list[int]:
     return list(getattr(generation, "tokens", generation))
 
 
-PARALLEL_AFTER_RUNS = 2_000  # ~0.2 s of runs: below this a fork and the workers' cold memos cost more than they save
+# ~5 s of runs: below this a fork costs more than the second core saves (the workers' cold memos recompute
+# model rows, every round's result is pickled back); the goal case, 22,475 runs, runs faster in one process
+PARALLEL_AFTER_RUNS = 50_000
 MAX_WORKERS = 8
 
 
@@ -444,6 +446,9 @@ class _Deadline:
             raise EnumerationTooSlow(f"stopped at its deadline ({self.limit:g} s): {enumerator.note(self.name, wall)}")
 
 
+_PARTS = {"sampler": "the sampler's own code", "models": "model calls", "enumerator": "the enumerator"}
+
+
 class _Enumerator:
     """One enumeration: the watched models, each round state's runs and composed distribution, the workers.
 
@@ -478,6 +483,9 @@ class _Enumerator:
         text = (f"{name}: {wall:.0f} s, {self.runs:,} sampler runs, {len(self.rounds):,} round states done; the "
                 f"sampler's own code {split['sampler']:.1f} s, model calls {split['models']:.1f} s, the enumerator "
                 f"{split['enumerator']:.1f} s{where}")
+        part = max(split, key=split.get)
+        if split[part] > 0:
+            text += f"; the largest part: {_PARTS[part]} ({split[part] / sum(split.values()):.0%})"
         if self.run.drafted[0]:
             text += (f"; hint: a round drafted {self.run.drafted[0]} token(s) with {self.run.drafted[1]} left to emit "
                      f"(a draft or bonus past max_new_tokens is never emitted but multiplies the branches by up to "
@@ -555,7 +563,7 @@ class _Enumerator:
         pattern = (*shape, tuple(weights))
         agreed = self.patterns.get(pattern)
         if agreed:
-            self.fold(found, budget, pattern, prob, (chosen, eos))
+            self.fold(found, budget, pattern, prob, agreed)
             return
         second = next((o for o, w in enumerate(weights) if w > 0 and o != chosen and o != eos), None)
         if second is None:
@@ -568,30 +576,36 @@ class _Enumerator:
         stack.append((taken + [second], prob * weights[second], (pattern, prob, (chosen, eos, second))))
 
     def confirmed(self, found: _Round, budget: int, path: list[int], confirm, agrees: bool, stack: list) -> None:
-        """The run of a last draw's second outcome ended: settle the others as its pattern says if it agrees,
-        else run them."""
+        """The run of a last draw's second outcome ended: settle the others as its pattern says if it agrees
+        (and remember the outcomes the pattern's later draws settle: all but the run one and eos), else run them."""
         pattern, prob, skip = confirm
-        self.patterns[pattern] = agrees
         if agrees:
-            self.fold(found, budget, pattern, prob, skip)
+            later = self.patterns[pattern] = settled_outcomes(pattern[4], skip[:2])
+            now = later[0].copy()  # (V,)
+            now[skip[2]] = 0.0  # this time the second outcome was run too
+            self.fold(found, budget, pattern, prob, (now, later[1] - 1))
         else:
+            self.patterns[pattern] = False
             stack.extend((path[:-1] + [o], prob * w, None) for o, w in enumerate(pattern[4]) if w > 0 and o not in skip)
 
-    def fold(self, found: _Round, budget: int, pattern: tuple, prob: float, skip: tuple) -> None:
-        """Settle a last draw's outcomes but ``skip`` without runs: a vector over the vocabulary per head,
-        expanded once the round's runs are done."""
-        _, done, head, calls, weights = pattern
-        rest = np.array(weights)  # (V,)
-        rest[[o for o in skip if o is not None]] = 0.0
-        rest *= prob
-        self.settled += int(np.count_nonzero(rest))
+    def fold(self, found: _Round, budget: int, pattern: tuple, prob: float, settled: tuple) -> None:
+        """Settle a last draw's ``settled`` outcomes (their weights as a vector, and how many) without runs: a
+        vector over the vocabulary per head, expanded once the round's runs are done."""
+        _, done, head, calls, _ = pattern
+        weights, count = settled
+        rest = weights * prob  # (V,)
+        self.settled += count
         if self.count_calls:
             found.calls[(len(head) + 1, calls)] += float(rest.sum())
         if len(head) >= budget:  # the drawn token lies past the budget: one outcome
             found.out[head[:budget]] += float(rest.sum())
             return
         key = (done or len(head) + 1 >= budget, head)
-        found.groups[key] = found.groups[key] + rest if key in found.groups else rest
+        into = found.groups.get(key)
+        if into is None:
+            found.groups[key] = rest
+        else:
+            into += rest  # a fold's own vector: no other entry holds it
 
     def record(self, found: _Round, budget: int, done: bool, tokens: tuple[int, ...], prob: float,
                calls: int) -> None:
@@ -825,19 +839,31 @@ def check_output(tokens: list, budget: int, vocab_size: int, given: list, prompt
 _INT = {int}
 
 
+def settled_outcomes(weights: tuple[float, ...], skip: tuple) -> tuple[np.ndarray, int]:
+    """A last draw's weights (V,) with the outcomes in ``skip`` (run ones; None for none) at zero, and how
+    many are left: what a fold of that draw settles, per unit of probability."""
+    rest = np.array(weights)  # (V,)
+    rest[[o for o in skip if o is not None]] = 0.0
+    return rest, int(np.count_nonzero(rest))
+
+
 def add_vector(into: dict, head: tuple[int, ...], rest: np.ndarray) -> None:
     """into[head + (o,)] += rest[o] for every o of non-zero probability."""
     tokens = np.flatnonzero(rest)
-    for o, prob in zip(tokens.tolist(), rest[tokens].tolist(), strict=True):
-        into[head + (o,)] += prob
+    keys = [head + (o,) for o in tokens.tolist()]
+    if into.keys().isdisjoint(keys):  # the usual case, all new: one C loop (274,625 outputs in the goal case)
+        into.update(zip(keys, rest[tokens].tolist(), strict=True))
+        return
+    for key, prob in zip(keys, rest[tokens].tolist(), strict=True):
+        into[key] = into.get(key, 0.0) + prob
 
 
 def expanded(out: dict, groups: dict) -> dict[tuple[int, ...], float]:
     """A distribution as one dict: the outputs and every head + (o,) of the groups."""
-    result = defaultdict(float, out)
+    result = dict(out)
     for head, rest in groups.items():
         add_vector(result, head, rest)
-    return dict(result)
+    return result
 
 
 def max_difference(a: dict, b: dict) -> tuple[float, Hashable]:
