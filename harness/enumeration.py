@@ -31,26 +31,28 @@ outcomes of a tiny-model bonus draw cost 2 runs instead of 65.  The eos run and 
 prediction honest for samplers that stop, truncate or drop a draw; the run-by-run mode has no prediction at
 all and is what the properties compare with on small cases.
 
-Parallel: branches and round states are independent, so past ``parallel_after_runs`` runs (an enumeration
-big enough to pay for a fork) the pending branches of the current round, then the round states it leads
-to, one level at a time, go to ``workers`` forked processes; this process composes the rounds.  Each
-worker memoizes model calls on its own, and what a model caches itself in a worker (`PerPrefix` rows)
-stays there: a reference that must see the same float32 rows is computed before the enumeration.
+Parallel: branches and round states are independent, so past ``parallel_after_runs`` runs (an enumeration big
+enough to pay for a fork: PARALLEL_AFTER_RUNS, ~5 s of runs) the pending branches of the current round, then
+the round states it leads to, one level at a time, go to ``workers`` forked processes; this process composes
+the rounds. Each worker memoizes model calls on its own, and what a model caches itself in a worker
+(`PerPrefix` rows) stays there: a reference that must see the same float32 rows is computed before the
+enumeration.
 
-Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on stderr (and, inside
-`check`, printed at once by the parent) splits the time into the sampler's own code, model calls and the
-enumerator; past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow` error.  The
-usual cause, a round drafting past its budget (tokens that are never emitted, each multiplying the branches
-by V), stops the enumeration at that round's target call with `DraftsPastBudget`, naming the contract's
-budget rule.
+Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on stderr (and, inside `check`,
+printed at once by the parent) splits the time into the sampler's own code, model calls and the enumerator
+(naming the largest); past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow`
+error. The usual cause, a round drafting past its budget (tokens that are never emitted, each multiplying the
+branches by V), stops the enumeration at that round's target call with `DraftsPastBudget`, naming the
+contract's budget rule.
 
-The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs when
-a round ended at the first call ending in its last categorical draw and every outcome was a run; 22,475 runs
-now in one process (687,321 outcomes settled; forked, each worker confirms its own last-draw patterns:
-~22,500).  On two cores shared at load 14-22, 19-29 s where the old enumeration took 115-217 s
-(`bench_speculative.EnumerationGoal` tracks seconds and runs).  Of the time (`Enumeration.split`, summed over
-the workers, at load 20) about a third is the sampler's own code (its tensor indexing), 45% the target's and
-draft's forward passes, a quarter the enumerator (much of it building the 274,625-entry distribution).
+The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs when a
+round ended at the first call ending in its last categorical draw and every outcome was a run; 22,475 runs now
+(687,321 outcomes settled), in one process: below PARALLEL_AFTER_RUNS a fork costs more than it saves
+(`bench_speculative.EnumerationGoal` tracks seconds and runs). It takes 2.4-3.7 s of CPU (the wall: 2.4 s at
+best, 11-40 s on two cores shared at load 7-10), of which (`Enumeration.split`) ~40% is the sampler's own code
+(tensor indexing: four to six small-tensor ops a run), a quarter the target's and draft's forward passes (65
+batched sibling calls), a third the enumerator (draws, memo lookups, folds, the 274,625-entry dict). The runs
+themselves are the floor: every path to a round's last draw is run once, and every last draw's pattern twice.
 """
 
 from __future__ import annotations
