@@ -31,26 +31,28 @@ outcomes of a tiny-model bonus draw cost 2 runs instead of 65.  The eos run and 
 prediction honest for samplers that stop, truncate or drop a draw; the run-by-run mode has no prediction at
 all and is what the properties compare with on small cases.
 
-Parallel: branches and round states are independent, so past ``parallel_after_runs`` runs (an enumeration
-big enough to pay for a fork) the pending branches of the current round, then the round states it leads
-to, one level at a time, go to ``workers`` forked processes; this process composes the rounds.  Each
-worker memoizes model calls on its own, and what a model caches itself in a worker (`PerPrefix` rows)
-stays there: a reference that must see the same float32 rows is computed before the enumeration.
+Parallel: branches and round states are independent, so past ``parallel_after_runs`` runs (an enumeration big
+enough to pay for a fork: PARALLEL_AFTER_RUNS, ~5 s of runs) the pending branches of the current round, then
+the round states it leads to, one level at a time, go to ``workers`` forked processes; this process composes
+the rounds. Each worker memoizes model calls on its own, and what a model caches itself in a worker
+(`PerPrefix` rows) stays there: a reference that must see the same float32 rows is computed before the
+enumeration.
 
-Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on stderr (and, inside
-`check`, printed at once by the parent) splits the time into the sampler's own code, model calls and the
-enumerator; past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow` error.  The
-usual cause, a round drafting past its budget (tokens that are never emitted, each multiplying the branches
-by V), stops the enumeration at that round's target call with `DraftsPastBudget`, naming the contract's
-budget rule.
+Slow cases say why: past NOTE_AFTER_S seconds (then at every doubling) a note on stderr (and, inside `check`,
+printed at once by the parent) splits the time into the sampler's own code, model calls and the enumerator
+(naming the largest); past ``deadline_s`` the enumeration stops with that note as an `EnumerationTooSlow`
+error. The usual cause, a round drafting past its budget (tokens that are never emitted, each multiplying the
+branches by V), stops the enumeration at that round's target call with `DraftsPastBudget`, naming the
+contract's budget rule.
 
-The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs when
-a round ended at the first call ending in its last categorical draw and every outcome was a run; 22,475 runs
-now in one process (687,321 outcomes settled; forked, each worker confirms its own last-draw patterns:
-~22,500).  On two cores shared at load 14-22, 19-29 s where the old enumeration took 115-217 s
-(`bench_speculative.EnumerationGoal` tracks seconds and runs).  Of the time (`Enumeration.split`, summed over
-the workers, at load 20) about a third is the sampler's own code (its tensor indexing), 45% the target's and
-draft's forward passes, a quarter the enumerator (much of it building the 274,625-entry distribution).
+The tiny target with the good draft, gamma 2, T 3 (274,625 outputs, 1,970 round states): 709,796 runs when a
+round ended at the first call ending in its last categorical draw and every outcome was a run; 22,475 runs now
+(687,321 outcomes settled), in one process: below PARALLEL_AFTER_RUNS a fork costs more than it saves
+(`bench_speculative.EnumerationGoal` tracks seconds and runs). It takes 2.4-3.7 s of CPU (the wall: 2.4 s at
+best, 11-40 s on two cores shared at load 7-10), of which (`Enumeration.split`) ~40% is the sampler's own code
+(tensor indexing: four to six small-tensor ops a run), a quarter the target's and draft's forward passes (65
+batched sibling calls), a third the enumerator (draws, memo lookups, folds, the 274,625-entry dict). The runs
+themselves are the floor: every path to a round's last draw is run once, and every last draw's pattern twice.
 """
 
 from __future__ import annotations
@@ -368,7 +370,9 @@ def tokens_of(generation) -> list[int]:
     return list(getattr(generation, "tokens", generation))
 
 
-PARALLEL_AFTER_RUNS = 2_000  # ~0.2 s of runs: below this a fork and the workers' cold memos cost more than they save
+# ~5 s of runs: below this a fork costs more than the second core saves (the workers' cold memos recompute
+# model rows, every round's result is pickled back); the goal case, 22,475 runs, runs faster in one process
+PARALLEL_AFTER_RUNS = 50_000
 MAX_WORKERS = 8
 
 
@@ -444,6 +448,9 @@ class _Deadline:
             raise EnumerationTooSlow(f"stopped at its deadline ({self.limit:g} s): {enumerator.note(self.name, wall)}")
 
 
+_PARTS = {"sampler": "the sampler's own code", "models": "model calls", "enumerator": "the enumerator"}
+
+
 class _Enumerator:
     """One enumeration: the watched models, each round state's runs and composed distribution, the workers.
 
@@ -478,6 +485,9 @@ class _Enumerator:
         text = (f"{name}: {wall:.0f} s, {self.runs:,} sampler runs, {len(self.rounds):,} round states done; the "
                 f"sampler's own code {split['sampler']:.1f} s, model calls {split['models']:.1f} s, the enumerator "
                 f"{split['enumerator']:.1f} s{where}")
+        part = max(split, key=split.get)
+        if split[part] > 0:
+            text += f"; the largest part: {_PARTS[part]} ({split[part] / sum(split.values()):.0%})"
         if self.run.drafted[0]:
             text += (f"; hint: a round drafted {self.run.drafted[0]} token(s) with {self.run.drafted[1]} left to emit "
                      f"(a draft or bonus past max_new_tokens is never emitted but multiplies the branches by up to "
@@ -555,7 +565,7 @@ class _Enumerator:
         pattern = (*shape, tuple(weights))
         agreed = self.patterns.get(pattern)
         if agreed:
-            self.fold(found, budget, pattern, prob, (chosen, eos))
+            self.fold(found, budget, pattern, prob, agreed)
             return
         second = next((o for o, w in enumerate(weights) if w > 0 and o != chosen and o != eos), None)
         if second is None:
@@ -568,30 +578,36 @@ class _Enumerator:
         stack.append((taken + [second], prob * weights[second], (pattern, prob, (chosen, eos, second))))
 
     def confirmed(self, found: _Round, budget: int, path: list[int], confirm, agrees: bool, stack: list) -> None:
-        """The run of a last draw's second outcome ended: settle the others as its pattern says if it agrees,
-        else run them."""
+        """The run of a last draw's second outcome ended: settle the others as its pattern says if it agrees
+        (and remember the outcomes the pattern's later draws settle: all but the run one and eos), else run them."""
         pattern, prob, skip = confirm
-        self.patterns[pattern] = agrees
         if agrees:
-            self.fold(found, budget, pattern, prob, skip)
+            later = self.patterns[pattern] = settled_outcomes(pattern[4], skip[:2])
+            now = later[0].copy()  # (V,)
+            now[skip[2]] = 0.0  # this time the second outcome was run too
+            self.fold(found, budget, pattern, prob, (now, later[1] - 1))
         else:
+            self.patterns[pattern] = False
             stack.extend((path[:-1] + [o], prob * w, None) for o, w in enumerate(pattern[4]) if w > 0 and o not in skip)
 
-    def fold(self, found: _Round, budget: int, pattern: tuple, prob: float, skip: tuple) -> None:
-        """Settle a last draw's outcomes but ``skip`` without runs: a vector over the vocabulary per head,
-        expanded once the round's runs are done."""
-        _, done, head, calls, weights = pattern
-        rest = np.array(weights)  # (V,)
-        rest[[o for o in skip if o is not None]] = 0.0
-        rest *= prob
-        self.settled += int(np.count_nonzero(rest))
+    def fold(self, found: _Round, budget: int, pattern: tuple, prob: float, settled: tuple) -> None:
+        """Settle a last draw's ``settled`` outcomes (their weights as a vector, and how many) without runs: a
+        vector over the vocabulary per head, expanded once the round's runs are done."""
+        _, done, head, calls, _ = pattern
+        weights, count = settled
+        rest = weights * prob  # (V,)
+        self.settled += count
         if self.count_calls:
             found.calls[(len(head) + 1, calls)] += float(rest.sum())
         if len(head) >= budget:  # the drawn token lies past the budget: one outcome
             found.out[head[:budget]] += float(rest.sum())
             return
         key = (done or len(head) + 1 >= budget, head)
-        found.groups[key] = found.groups[key] + rest if key in found.groups else rest
+        into = found.groups.get(key)
+        if into is None:
+            found.groups[key] = rest
+        else:
+            into += rest  # a fold's own vector: no other entry holds it
 
     def record(self, found: _Round, budget: int, done: bool, tokens: tuple[int, ...], prob: float,
                calls: int) -> None:
@@ -825,19 +841,31 @@ def check_output(tokens: list, budget: int, vocab_size: int, given: list, prompt
 _INT = {int}
 
 
+def settled_outcomes(weights: tuple[float, ...], skip: tuple) -> tuple[np.ndarray, int]:
+    """A last draw's weights (V,) with the outcomes in ``skip`` (run ones; None for none) at zero, and how
+    many are left: what a fold of that draw settles, per unit of probability."""
+    rest = np.array(weights)  # (V,)
+    rest[[o for o in skip if o is not None]] = 0.0
+    return rest, int(np.count_nonzero(rest))
+
+
 def add_vector(into: dict, head: tuple[int, ...], rest: np.ndarray) -> None:
     """into[head + (o,)] += rest[o] for every o of non-zero probability."""
     tokens = np.flatnonzero(rest)
-    for o, prob in zip(tokens.tolist(), rest[tokens].tolist(), strict=True):
-        into[head + (o,)] += prob
+    keys = [head + (o,) for o in tokens.tolist()]
+    if into.keys().isdisjoint(keys):  # the usual case, all new: one C loop (274,625 outputs in the goal case)
+        into.update(zip(keys, rest[tokens].tolist(), strict=True))
+        return
+    for key, prob in zip(keys, rest[tokens].tolist(), strict=True):
+        into[key] = into.get(key, 0.0) + prob
 
 
 def expanded(out: dict, groups: dict) -> dict[tuple[int, ...], float]:
     """A distribution as one dict: the outputs and every head + (o,) of the groups."""
-    result = defaultdict(float, out)
+    result = dict(out)
     for head, rest in groups.items():
         add_vector(result, head, rest)
-    return dict(result)
+    return result
 
 
 def max_difference(a: dict, b: dict) -> tuple[float, Hashable]:

@@ -194,14 +194,39 @@ class GPTLM:
 
     @torch.no_grad()
     def __call__(self, prefixes, n=1):
+        head = shared_head(prefixes, n)
+        if head is not None:
+            return self.siblings(head, [x[-1] for x in prefixes], n)
         width = max(len(x) for x in prefixes)
         idx = torch.tensor([list(x) + [0] * (width - len(x)) for x in prefixes], dtype=torch.long)  # (B, W)
         logits = self.model(idx)  # (B, W, V); right padding is never seen by a causal row
         rows = [logits[b, len(x) - n : len(x)] for b, x in enumerate(prefixes)]  # n rows each
         return torch.softmax(torch.stack(rows).double(), dim=-1)  # (B, n, V)
 
+    @torch.no_grad()
+    def siblings(self, head: tuple[int, ...], lasts: list[int], n: int) -> torch.Tensor:
+        """``self([[*head, t] for t in lasts], n)`` with the head run once: its keys and values serve all B
+        siblings, each of which then costs one cached position instead of len(head) + 1 (an enumeration
+        scores every token after a prefix at once).  The same distributions up to float32 rounding."""
+        L, B, cache = len(head), len(lasts), ConcatCache()
+        head_logits = self.model.forward_with(torch.tensor([head]), None, cache.attend)[0, L + 1 - n :]  # (n-1, V)
+        cache.layers = {layer: (k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1))  # (B, Hkv, L, d)
+                        for layer, (k, v) in cache.layers.items()}
+        idx = torch.tensor(lasts, dtype=torch.long)[:, None]  # (B, 1)
+        last = self.model.forward_with(idx, torch.full((B, 1), L), cache.attend)  # (B, 1, V)
+        return torch.softmax(torch.cat([head_logits.expand(B, -1, -1), last], 1).double(), dim=-1)  # (B, n, V)
+
     def session(self) -> KVSession:
         return KVSession(self.model)
+
+
+def shared_head(prefixes: Sequence[Sequence[int]], n: int) -> tuple[int, ...] | None:
+    """The tokens two or more prefixes of one length all start with, when they differ in their last token
+    only (siblings) and n fits in them; else None."""
+    if len(prefixes) < 2 or not 1 <= n <= len(prefixes[0]) or len(prefixes[0]) < 2:
+        return None
+    head = tuple(prefixes[0][:-1])
+    return head if all(tuple(x[:-1]) == head and len(x) == len(head) + 1 for x in prefixes) else None
 
 
 class KVSession:

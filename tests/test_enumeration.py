@@ -113,6 +113,29 @@ def test_batched_rows_are_independent_and_exact(case, other):
     assert abs(sum(got.values()) - 1) <= FLOAT64_IDENTITY
 
 
+@given(seed=st.integers(0, 2**31 - 1), positions=st.sampled_from(["rotary", "learned"]), head=st.integers(1, 4),
+       data=st.data())
+def test_siblings_are_scored_as_by_the_full_forward(seed, positions, head, data):
+    """Prefixes that differ in their last token only (the enumerator's batched misses) run their shared head
+    once and one cached position each: every row n back is the full forward's (a float64 model)."""
+    from harness.lm import GPTLM, shared_head
+    from harness.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(seed % 1000)
+    model = GPT(GPTConfig(vocab_size=7, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=8,
+                          positions=positions)).double().eval()
+    first = data.draw(st.lists(st.integers(0, 6), min_size=head, max_size=head), label="head")
+    lasts = data.draw(st.lists(st.integers(0, 6), min_size=2, max_size=7), label="last tokens")
+    n = data.draw(st.integers(1, head + 1), label="n")
+    prefixes = [[*first, t] for t in lasts]
+    assert shared_head(prefixes, n) == tuple(first), "siblings not recognized: the full forward ran"
+    with torch.no_grad():
+        full = torch.softmax(model(torch.tensor(prefixes))[:, head + 1 - n :].double(), dim=-1)  # (B, n, V)
+    got = GPTLM(model)(prefixes, n)
+    assert got.shape == full.shape and (got - full).abs().max() <= FLOAT64_IDENTITY
+    assert shared_head([*prefixes, [*first, 0, 0]], 1) is None, "prefixes of other lengths are no siblings"
+
+
 @pytest.mark.parametrize("rng", [TorchRng(0), ReplayRng([])], ids=["torch", "replay"])
 def test_rng_rejects_bad_probabilities(rng):
     for bad in ([0.5, 0.6], [-0.5, 1.5], [float("nan"), 1.0]):

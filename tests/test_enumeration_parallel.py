@@ -36,7 +36,7 @@ def test_workers_give_the_sequential_distribution(case, merge):
     assert (forked.runs + forked.settled, forked.states) == (alone.runs + alone.settled, alone.states)
     # a round state with more than one branch leaves branches pending after its first run: the fork happens
     assert forked.workers == (2 if alone.runs > alone.states else 1)
-    if alone.runs < PARALLEL_AFTER_RUNS:  # most drawn cases; run by run at V 6, gamma 4, T 3 is ~2,400 runs
+    if alone.runs < PARALLEL_AFTER_RUNS:  # every drawn case: run by run at V 6, gamma 4, T 3 is ~2,400 runs
         default = exact_distribution(speculative, target, draft, list(case.prompt), workers=2, **kw)
         assert default.workers == 1, f"{alone.runs} runs, below PARALLEL_AFTER_RUNS, forked by default"
 

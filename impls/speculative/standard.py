@@ -31,17 +31,18 @@ def speculate(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None, un
     out, rounds = [], []
     while len(out) < max_new_tokens and (not out or out[-1] != eos):
         ctx = [*prompt, *out]
-        xs, qs = [], []
+        xs, qs, q_xs = [], [], []  # the drafts x_i, their rows q_i (V,) and q_i(x_i)
         while len(xs) < min(gamma, max_new_tokens - len(out) - 1):  # drafts past the budget could never be emitted
             q = draft([ctx + xs])[0, -1]  # (V,)
             xs.append(int(rng.categorical(q)))
             qs.append(q)
-            if float(q[xs[-1]]) < unsure:
+            q_xs.append(float(q[xs[-1]]))
+            if q_xs[-1] < unsure:
                 break
         k = len(xs)
         p = target([ctx + xs], k + 1)[0]  # (k + 1, V): p_1 .. p_{k+1} in one call
         n = 0  # x_n is accepted with probability min(1, p_n(x_n) / q_n(x_n)), read as two floats
-        while n < k and bool(rng.bernoulli(min(1.0, float(p[n, xs[n]]) / float(qs[n][xs[n]])))):
+        while n < k and bool(rng.bernoulli(min(1.0, float(p[n, xs[n]]) / q_xs[n]))):
             n += 1
         last = rng.categorical(residual(p[n], qs[n]) if n < k else p[k])  # replacement, or bonus token
         new = [*xs[:n], int(last)]
