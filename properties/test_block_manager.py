@@ -21,6 +21,7 @@ runs one program on tables past 256, 512 and 1,024 blocks.
 import collections
 import functools
 
+import hypothesis
 import pytest
 from hypothesis import Phase, event, example, given, settings, target
 from hypothesis import strategies as st
@@ -140,9 +141,35 @@ class RecordingStorage(NullStorage):
         self.trace.append(("swap_in", cpu_block, gpu_block))
 
 
+# The situations where bookkeeping bugs live, each with the fraction of the ci profile's programs (both machines,
+# both correct managers) that must reach it: tests/test_block_manager_reach.py checks these floors, measured
+# fractions sit above them (see the module docstring).
+SITUATIONS = {
+    "OutOfBlocks: allocate": 0.2,
+    "OutOfBlocks: append": 0.2,
+    "OutOfBlocks: swap_out": 0.2,
+    "OutOfBlocks: swap_in": 0.2,
+    "OutOfBlocks: swap_in with some blocks free": 0.2,
+    "copy-on-write of a shared last block": 0.2,
+    "preemption: a sequence resumed by recompute": 0.2,
+    "prefix: two or more cached blocks, then the prompt diverges": 0.2,
+    "prefix: a cached block evicted": 0.2,
+    "prefix: a cached prefix reused after another was evicted": 0.2,
+    "prefix: an evicted prefix computed again": 0.2,
+    "swap: a multi-block swap": 0.2,
+    "swap: several sequences swapped out at once": 0.2,
+    "swap: swapped back in out of order": 0.2,
+    "swap: CPU blocks freed and used again": 0.2,
+    "swap: a CPU table out of block-id order": 0.2,
+    "swap: after swap_in and fork, the parent writes the shared last block first": 0.2,
+    "rejected: a call raises while sequences are live": 0.2,
+}
+
+
 def situation(name: str, seen: set[str] | None = None) -> None:
     """Count a situation where bookkeeping bugs live (`--hypothesis-show-statistics`), and add it to ``seen`` (the
     run's `target`); pinned programs run outside Hypothesis and count nothing."""
+    assert name in SITUATIONS, f"situation {name!r} is not in SITUATIONS"
     if currently_in_test_context():
         event(name)
     if seen is not None:
@@ -165,7 +192,8 @@ def step(fn):
     return run
 
 
-def machine_for(impl: Impl, checks: frozenset[str]):
+def machine_for(impl: Impl, checks: frozenset[str], reached: list[frozenset[str]] | None = None):
+    """The state machine for ``impl`` checking ``checks``; each program's situations are appended to ``reached``."""
     impl_ = impl
 
     class BlockManagerMachine(RuleBasedStateMachine):
@@ -198,6 +226,10 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             self.next_id = 0
             for _ in range(data.draw(st.integers(1, 3), label="first prompts") if data else 0):
                 self.do_allocate(data.draw(prompts(self.sources(), self.B), label="tokens"))
+            for _ in range(data.draw(st.sampled_from([8, 12, 4, 16, 0]), label="scheduler iterations") if data else 0):
+                self.do_schedule(data)  # the pool under pressure before the first rule, whichever rules are enabled
+            if data and self.shadow:
+                self.do_rejected(data)
 
         def situation(self, name: str) -> None:
             situation(name, self.seen)
@@ -308,10 +340,18 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 self.situation("prefix: two or more cached blocks, then the prompt diverges")
             if cached and self.evicted - set(self.kv_ids(sid)):
                 self.situation("prefix: a cached prefix reused after another was evicted")
-            if self.evicted & set(self.kv_ids(sid)[self.B - 1::self.B]):
+            if self.evicted & set(self.kv_ids(sid)[cached + self.B - 1::self.B]):
                 self.situation("prefix: an evicted prefix computed again")
             self.history.append(list(tokens))
             return True
+
+        def make_room(self, n: int, keep=()) -> None:
+            """Free the oldest resident sequences but ``keep`` until ``n`` blocks are free: a scheduler finishing
+            requests before it admits, resumes or forks one (most programs' pools are full)."""
+            for sid in [s for s in self.resident() if s not in keep]:
+                if self.m.num_free_blocks() >= n:
+                    return
+                self.do_free(sid)
 
         def most_needed(self, tokens, promised) -> int:
             """The most free blocks allocating ``tokens`` can take: one per block not cached, plus one per cached
@@ -416,7 +456,9 @@ def machine_for(impl: Impl, checks: frozenset[str]):
                 self.call("swap_in", sid)
             except OutOfBlocks:
                 assert free < need, f"swap_in raised OutOfBlocks with {free} blocks free for {need}"
-                self.situation("OutOfBlocks: swap_in" + (" with some blocks free" if free else ""))
+                self.situation("OutOfBlocks: swap_in")
+                if free:
+                    self.situation("OutOfBlocks: swap_in with some blocks free")
                 self.unchanged(before, f"swap_in({sid}) raising OutOfBlocks")
                 return
             if sid != self.swapped[-1]:
@@ -456,19 +498,33 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         @rule(data=st.data())
         @step
         def allocate_diverging(self, data):
+            self.do_allocate(self.diverging(data))
+
+        def diverging(self, data) -> list[int]:
             """A prompt sharing two or more full blocks with an earlier one, then diverging (a system prompt and
             few-shot examples, then another question): chained hashes must tell the tails apart.  With no source
             of two full blocks yet, a fresh prompt of two blocks and a token makes one."""
             B, long = self.B, [p for p in self.sources() if len(p) >= 2 * self.B]
             if not long:
-                self.do_allocate(data.draw(token_lists(B, 2 * B + 1, 2 * B + 1), label="tokens"))
-                return
+                return data.draw(token_lists(B, 2 * B + 1, 2 * B + 1), label="tokens")
             base = data.draw(st.sampled_from(long), label="base")
             cut = B * data.draw(st.integers(2, len(base) // B), label="shared blocks")
             tail = data.draw(token_lists(B, min_size=1), label="tail")
             if cut < len(base) and tail[0] == base[cut]:
                 tail[0] = (tail[0] + 1) % TOKEN_ALPHABET
-            self.do_allocate(base[:cut] + tail)
+            return base[:cut] + tail
+
+        @precondition(lambda self: self.evicted)
+        @rule(data=st.data())
+        @step
+        def allocate_evicted(self, data):
+            """A prompt through a prefix seen evicted (a request returning to a conversation whose KV was dropped),
+            room made for it: its leading blocks still cached are hits, the evicted block is computed again (a hash
+            left behind would serve the block's new contents)."""
+            node = data.draw(st.sampled_from(sorted(self.evicted)), label="evicted prefix")
+            tokens = self.prefixes.tokens(node) + data.draw(token_lists(self.B, 0, self.B), label="tail")
+            self.make_room(-(-len(tokens) // self.B))
+            self.do_allocate(tokens)
 
         @precondition(lambda self: self.preempted)
         @rule(data=st.data())
@@ -490,6 +546,21 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             """Fork, then append to the child and to the parent: the first token of each copies a shared partial
             last block (the parent's after the child's, when its count is down to one, writes in place)."""
             parent = data.draw(st.sampled_from(self.resident()), label="fork")
+            then = self.tokens(data, parent, "child appends", 0)
+            parent_then = data.draw(token_lists(self.B, max_size=self.B), label="parent appends")
+            self.do_fork(parent, then, parent_then, data.draw(st.booleans(), label="parent first"))
+
+        def partial(self, sids) -> list[int]:
+            return [s for s in sids if len(self.shadow[s]) % self.B]
+
+        @precondition(lambda self: self.partial(self.resident()))
+        @rule(data=st.data())
+        @step
+        def fork_and_write(self, data):
+            """The fork rule on a sequence whose last block is partial, with a block made free for the copy: the
+            first writer copies the shared block (copy-on-write), the second writes in place."""
+            parent = data.draw(st.sampled_from(self.partial(self.resident())), label="fork")
+            self.make_room(2, keep={parent})
             then = self.tokens(data, parent, "child appends", 0)
             parent_then = data.draw(token_lists(self.B, max_size=self.B), label="parent appends")
             self.do_fork(parent, then, parent_then, data.draw(st.booleans(), label="parent first"))
@@ -540,6 +611,49 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             longest = max(self.resident(), key=lambda s: len(self.shadow[s]), default=None)
             if longest is not None and data.draw(st.booleans(), label="then swap out the longest"):
                 self.do_swap_out(longest)  # takes the CPU blocks just returned, in the order they came back
+                if longest in self.swapped and data.draw(st.booleans(), label="and back in"):
+                    self.do_swap_in(longest)  # its swap_out just freed its blocks (but those it shares)
+
+        @rule(data=st.data())
+        @step
+        def schedule(self, data):
+            self.do_schedule(data)
+
+        def do_schedule(self, data):
+            """One iteration of a vLLM-style scheduler (Kwon et al. 2023, Sec. 4.5): swapped-out sequences come back
+            first, oldest first (so out of swap order), until one finds too few blocks; preempted ones are recomputed;
+            a new prompt is admitted; one running sequence may fork (parallel sampling) and write first; every running
+            sequence decodes a token, and one that finds no block preempts the newest running sequence, by swap or
+            by recompute.  Nearly every situation comes up under this memory pressure."""
+            back = []
+            for sid in list(self.swapped):
+                self.do_swap_in(sid)
+                if sid in self.swapped:
+                    break
+                back.append(sid)
+            for sid in sorted(self.preempted):
+                self.do_resume(sid)
+            diverge = data.draw(st.booleans(), label="diverging prompt")
+            self.do_allocate(self.diverging(data) if diverge else data.draw(prompts(self.sources(), self.B),
+                                                                            label="tokens"))
+            running, token = self.resident(), st.integers(0, TOKEN_ALPHABET - 1)
+            forked = ()
+            if running and data.draw(st.booleans(), label="fork"):
+                forked = (data.draw(st.sampled_from(self.partial(back) or running), label="parent"),)
+                self.make_room(1, keep=forked)  # a finished request frees the block its copy-on-write takes
+                running = self.resident()
+                self.do_fork(forked[0], (), [data.draw(token, label="parent token")], parent_first=True)
+            for sid in [s for s in running if s not in forked]:
+                if sid not in self.resident():
+                    continue  # preempted by an earlier one this iteration
+                n = len(self.shadow[sid])
+                self.do_append(sid, [data.draw(token, label="token")])
+                if len(self.shadow[sid]) == n:
+                    victim = max(self.resident())
+                    if data.draw(st.booleans(), label="preempt by swap"):
+                        self.do_swap_out(victim)
+                    if victim not in self.swapped:
+                        self.do_preempt(victim)
 
         @precondition(lambda self: self.swapped)
         @rule(data=st.data())
@@ -548,7 +662,8 @@ def machine_for(impl: Impl, checks: frozenset[str]):
             """A swapped-out request resumes and samples again (parallel sampling, beam search): swap_in, fork, the
             parent then the child write the shared last block -- its count is 2 again, on a block swap_in just
             made."""
-            sid = data.draw(st.sampled_from(self.swapped), label="swap in")
+            sid = data.draw(st.sampled_from(self.partial(self.swapped) or self.swapped), label="swap in")
+            self.make_room(len(self.shadow[sid]) // self.B + 2)  # its blocks and the copy of its last one
             self.do_swap_in(sid)
             if sid not in self.swapped:
                 self.do_fork(sid, self.tokens(data, sid, "child appends", 0),
@@ -690,6 +805,8 @@ def machine_for(impl: Impl, checks: frozenset[str]):
         def teardown(self):
             if hasattr(self, "seen") and currently_in_test_context():
                 target(float(len(self.seen)), label="situations reached")  # steers generation toward rich programs
+                if reached is not None:
+                    reached.append(frozenset(self.seen))
             if "bookkeeping" in checks and hasattr(self, "m") and not self.failed:
                 guarded_batch(impl, self.pool_whole_at_end)
 
@@ -772,13 +889,19 @@ def replay_pinned(impl: Impl, checks: frozenset[str]) -> None:
             raise
 
 
-def run_machine(impl: Impl, checks: frozenset[str]) -> None:
-    """Replay the pinned programs, then run under the loaded profile, minus the explain phase (on a failing machine
-    it replays the whole program once per step: ~55 s of a ~57 s kill), shrinking one failure only (a wrong manager
-    fails several invariants, and shrinking each took a kill from ~20 s to ~700 s)."""
-    replay_pinned(impl, checks)
-    profile = settings.default
-    run_state_machine_as_test(machine_for(impl, checks), settings=settings(
+def run_machine(impl: Impl, checks: frozenset[str], *, pinned: bool = True, profile: settings | None = None,
+                seed: int | None = None, reached: list[frozenset[str]] | None = None) -> None:
+    """Replay the pinned programs (unless not ``pinned``: what the random programs find alone), then run under
+    ``profile`` (default: the loaded one), minus the explain phase (on a failing machine it replays the whole
+    program once per step: ~55 s of a ~57 s kill), shrinking one failure only (a wrong manager fails several
+    invariants, and shrinking each took a kill from ~20 s to ~700 s), from ``seed`` if given (a derandomized
+    profile seeds from the machine's source, which every edit changes); ``reached`` collects each program's
+    situations."""
+    if pinned:
+        replay_pinned(impl, checks)
+    profile = profile or settings.default
+    machine = machine_for(impl, checks, reached)
+    run_state_machine_as_test(machine if seed is None else hypothesis.seed(seed)(machine), settings=settings(
         profile, phases=[p for p in profile.phases if p != Phase.explain], report_multiple_bugs=False))
 
 
