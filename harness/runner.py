@@ -120,7 +120,9 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
         return Verdict(impl.name, prop.name, "skip", message=reason)
     if blob:
         version, _, data = blob.partition(":")
-        prop.fn._hypothesis_internal_use_reproduce_failure = (version, data.encode())
+        for f in _wrapper_chain(prop.fn):  # the @given test reads it, not a decorator's wrapper around it
+            if "_hypothesis_internal_use_reproduce_failure" in getattr(f, "__dict__", {}):
+                f._hypothesis_internal_use_reproduce_failure = (version, data.encode())
     start = time.perf_counter()
     known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
     try:
