@@ -24,5 +24,8 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each xdist worker gets one intra-op thread: two workers x two OpenMP threads on two cores
-    # spin-wait on each other (a 0.2 s call took 8 s that way).
+    # spin-wait on each other (a 0.2 s call took 8 s that way).  The processes a test starts (`python -m harness`,
+    # the wheel's pytest, the docs' blocks) inherit one thread too: an example plugin's `check --jobs 1` took
+    # 7.6 CPU seconds with two threads beside the other worker, 4.5 with one.
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")

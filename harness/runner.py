@@ -120,7 +120,9 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
         return Verdict(impl.name, prop.name, "skip", message=reason)
     if blob:
         version, _, data = blob.partition(":")
-        prop.fn._hypothesis_internal_use_reproduce_failure = (version, data.encode())
+        for f in _wrapper_chain(prop.fn):  # the @given test reads it, not a decorator's wrapper around it
+            if "_hypothesis_internal_use_reproduce_failure" in getattr(f, "__dict__", {}):
+                f._hypothesis_internal_use_reproduce_failure = (version, data.encode())
     start = time.perf_counter()
     known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
     try:
@@ -148,21 +150,41 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
 
 @contextlib.contextmanager
 def _shrinking(fn: Callable, shrink: bool) -> Iterator[None]:
-    """Without ``shrink``, a @given property runs without Hypothesis's shrink and explain phases: shrinking a
+    """Without ``shrink``, a property runs without Hypothesis's shrink and explain phases: shrinking a
     mutant's failure replays hundreds of variations (minutes for a model-sized example) to learn nothing the
-    kill needs.  A state machine (no @given settings on ``fn``) runs as it is."""
-    current = getattr(fn, "_hypothesis_internal_use_settings", None)
-    if shrink or current is None:
+    kill needs.  Set where Hypothesis reads it: on each @given test in ``fn``'s chain of wrappers (a decorator
+    such as kvcache's single_threaded copies the settings onto its wrapper, where Hypothesis never reads them),
+    and in the default profile, which a state machine run with ``settings.default`` reads."""
+    if shrink:
         yield
         return
     from hypothesis import Phase, settings
 
-    fn._hypothesis_internal_use_settings = settings(
-        current, phases=[p for p in current.phases if p not in (Phase.shrink, Phase.explain)])
+    def unshrunk(s: settings) -> settings:
+        return settings(s, phases=[p for p in s.phases if p not in (Phase.shrink, Phase.explain)])
+
+    tests = [(f, f._hypothesis_internal_use_settings) for f in _wrapper_chain(fn)
+             if "_hypothesis_internal_use_settings" in getattr(f, "__dict__", {})]
+    default = settings.default
+    settings.register_profile("harness-unshrunk", unshrunk(default))
+    settings.load_profile("harness-unshrunk")
+    for f, s in tests:
+        f._hypothesis_internal_use_settings = unshrunk(s)
     try:
         yield
     finally:
-        fn._hypothesis_internal_use_settings = current
+        for f, s in tests:
+            f._hypothesis_internal_use_settings = s
+        settings.register_profile("harness-shrinking", default)  # the profile as it was: load_profile takes a name
+        settings.load_profile("harness-shrinking")
+
+
+def _wrapper_chain(fn: Callable) -> list[Callable]:
+    """``fn`` and the functions it wraps (``__wrapped__``, as functools.wraps records them)."""
+    chain = [fn]
+    while (inner := getattr(chain[-1], "__wrapped__", None)) is not None and inner not in chain:
+        chain.append(inner)
+    return chain
 
 
 def _installed(library: str) -> str:

@@ -70,29 +70,37 @@ def assert_verdict(v: dict, status: str, says: str, technique: str, prop: str, s
         assert line in v["reproduce"], f"{v['impl']}: reproduce line '{v['reproduce']}'"
 
 
-def test_each_misbehaving_plugin_gets_its_own_verdict(tmp_path):
+@pytest.fixture(scope="module")
+def attention_verdicts(tmp_path_factory) -> dict[str, dict]:
+    """One `harness check attention` of every plugin EXPECTED lists: the tests below each read their plugins'."""
     specs = [f"{PLUGINS}:{name}" for name in EXPECTED]
-    verdicts, _ = check("attention", specs, "matches_reference", tmp_path)
-    assert sorted(verdicts) == sorted(specs), f"verdicts for {sorted(verdicts)}, expected one per plugin"
+    verdicts, _ = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("attention"))
+    return verdicts
+
+
+@pytest.mark.xdist_group("attention_verdicts")
+def test_each_misbehaving_plugin_gets_its_own_verdict(attention_verdicts):
+    specs = [f"{PLUGINS}:{name}" for name in EXPECTED]
+    assert sorted(attention_verdicts) == sorted(specs), (
+        f"verdicts for {sorted(attention_verdicts)}, expected one per plugin")
     for name, (status, says) in EXPECTED.items():
-        assert_verdict(verdicts[f"{PLUGINS}:{name}"], status, says, "attention", "matches_reference",
+        assert_verdict(attention_verdicts[f"{PLUGINS}:{name}"], status, says, "attention", "matches_reference",
                        f"{PLUGINS}:{name}")
 
 
-def test_a_hang_that_escapes_the_alarm_is_stopped_within_its_limit(tmp_path):
+@pytest.mark.xdist_group("attention_verdicts")
+def test_a_hang_that_escapes_the_alarm_is_stopped_within_its_limit(attention_verdicts):
     """Catching the alarm's exception, or switching the timer off, only delays the verdict by the grace period:
     the parent ends the child's process group (the per-call limit is 1 s)."""
-    names = ["hangs_catching_everything", "hangs_resetting_the_timer"]
-    verdicts, _ = check("attention", [f"{PLUGINS}:{n}" for n in names], "matches_reference", tmp_path)
-    for name in names:
-        v = verdicts[f"{PLUGINS}:{name}"]
+    for name in ["hangs_catching_everything", "hangs_resetting_the_timer"]:
+        v = attention_verdicts[f"{PLUGINS}:{name}"]
         assert "its process group was killed" in v["message"], v["message"]
         assert 1.0 <= v["seconds"] <= 1.0 + KILL_SLACK_S, f"{name}: stopped after {v['seconds']:.1f} s"
 
 
-def test_output_is_captured_and_truncated(tmp_path):
-    verdicts, _ = check("attention", [f"{PLUGINS}:prints_a_lot", f"{PLUGINS}:raises"], "matches_reference", tmp_path)
-    output = verdicts[f"{PLUGINS}:prints_a_lot"]["output"]
+@pytest.mark.xdist_group("attention_verdicts")
+def test_output_is_captured_and_truncated(attention_verdicts):
+    output = attention_verdicts[f"{PLUGINS}:prints_a_lot"]["output"]
     assert "earlier bytes not shown" in output and output.rstrip().endswith("debug: the last line a plugin printed")
     assert len(output) < 2500, f"{len(output)} characters of output in a verdict"
 
@@ -115,19 +123,31 @@ def test_a_grandchild_does_not_keep_the_pipe_open(tmp_path):
     assert time.monotonic() - start < 240
 
 
-@pytest.mark.parametrize("module, says", [
-    ("import_exits.py", "crashed: the checking process died with exit code 7 (while importing and registering it)"),
-    ("import_segfaults.py", "crashed: the checking process was killed by signal SIGSEGV (while importing"),
-    ("import_sleeps.py", "hung: not imported and registered within the import limit of 10 s (HARNESS_IMPORT_LIMIT_S) "
-                         "(while importing"),
-])
-def test_a_plugin_that_misbehaves_at_import_gets_a_verdict_and_a_json(module, says, tmp_path):
+AT_IMPORT = {  # plugin module of tests/plugins/ -> what its verdict must say
+    "import_exits.py": "crashed: the checking process died with exit code 7 (while importing and registering it)",
+    "import_segfaults.py": "crashed: the checking process was killed by signal SIGSEGV (while importing",
+    "import_sleeps.py": "hung: not imported and registered within the import limit of 10 s (HARNESS_IMPORT_LIMIT_S) "
+                        "(while importing",
+}
+
+
+@pytest.fixture(scope="module")
+def import_verdicts(tmp_path_factory) -> dict[str, dict]:
+    """One `harness check attention` of every plugin that misbehaves at import, and one correct plugin."""
+    specs = [f"{IMPORTS / module}:attention" for module in AT_IMPORT] + [f"{PLUGINS}:correct"]
+    verdicts, _ = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("imports"),
+                        env={"HARNESS_IMPORT_LIMIT_S": "10"})
+    return verdicts
+
+
+@pytest.mark.xdist_group("import_verdicts")
+@pytest.mark.parametrize("module", sorted(AT_IMPORT))
+def test_a_plugin_that_misbehaves_at_import_gets_a_verdict_and_a_json(module, import_verdicts):
     """The plugin is imported only in its checking process: the harness reports, writes its JSON, checks the
     others and exits 1."""
-    specs = [f"{IMPORTS / module}:attention", f"{PLUGINS}:correct"]
-    verdicts, _ = check("attention", specs, "matches_reference", tmp_path, env={"HARNESS_IMPORT_LIMIT_S": "10"})
-    assert says in verdicts[specs[0]]["message"], verdicts[specs[0]]["message"]
-    assert verdicts[specs[1]]["status"] == "pass"
+    spec = f"{IMPORTS / module}:attention"
+    assert AT_IMPORT[module] in import_verdicts[spec]["message"], import_verdicts[spec]["message"]
+    assert import_verdicts[f"{PLUGINS}:correct"]["status"] == "pass"
 
 
 def test_an_entry_point_that_exits_at_import_does_not_take_list_or_pytest_down():
