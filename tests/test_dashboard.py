@@ -20,7 +20,6 @@ import pytest
 from harness.dashboard import publish
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("dashboard")  # one worker builds the module's fixtures, once
 # the harness timing itself (check's time to verdict, compare's detection power) is not a technique, and takes too
 # long for a history: the dashboard lists it once a full sweep's results are committed
 SELF = {"check", "harness"}

@@ -78,7 +78,6 @@ def attention_verdicts(tmp_path_factory) -> dict[str, dict]:
     return verdicts
 
 
-@pytest.mark.xdist_group("attention_verdicts")
 def test_each_misbehaving_plugin_gets_its_own_verdict(attention_verdicts):
     specs = [f"{PLUGINS}:{name}" for name in EXPECTED]
     assert sorted(attention_verdicts) == sorted(specs), (
@@ -88,7 +87,6 @@ def test_each_misbehaving_plugin_gets_its_own_verdict(attention_verdicts):
                        f"{PLUGINS}:{name}")
 
 
-@pytest.mark.xdist_group("attention_verdicts")
 def test_a_hang_that_escapes_the_alarm_is_stopped_within_its_limit(attention_verdicts):
     """Catching the alarm's exception, or switching the timer off, only delays the verdict by the grace period:
     the parent ends the child's process group (the per-call limit is 1 s)."""
@@ -98,7 +96,6 @@ def test_a_hang_that_escapes_the_alarm_is_stopped_within_its_limit(attention_ver
         assert 1.0 <= v["seconds"] <= 1.0 + KILL_SLACK_S, f"{name}: stopped after {v['seconds']:.1f} s"
 
 
-@pytest.mark.xdist_group("attention_verdicts")
 def test_output_is_captured_and_truncated(attention_verdicts):
     output = attention_verdicts[f"{PLUGINS}:prints_a_lot"]["output"]
     assert "earlier bytes not shown" in output and output.rstrip().endswith("debug: the last line a plugin printed")
@@ -140,7 +137,6 @@ def import_verdicts(tmp_path_factory) -> dict[str, dict]:
     return verdicts
 
 
-@pytest.mark.xdist_group("import_verdicts")
 @pytest.mark.parametrize("module", sorted(AT_IMPORT))
 def test_a_plugin_that_misbehaves_at_import_gets_a_verdict_and_a_json(module, import_verdicts):
     """The plugin is imported only in its checking process: the harness reports, writes its JSON, checks the

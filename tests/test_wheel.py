@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the module's fixtures, once
 KERNELS = '''
 import torch
 from harness import declare
