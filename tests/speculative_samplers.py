@@ -2,7 +2,8 @@
 the verdict its text predicts (tests/test_speculative_verdicts.py checks them; `python -m harness check
 speculative --plugin tests/speculative_samplers.py:NAME` gives the same).
 
-* list_sampler: returns a plain list of tokens -- "no round records": round_records_add_up skips.
+* list_sampler: returns a plain list of tokens -- declared with rounds=False, round_records_add_up skips;
+  undeclared, round_records_add_up fails naming the capability (the others pass).
 * coin_residual: draws every replacement and bonus token as a chain of coins, so each round ends with a
   Bernoulli draw -- round ends are read off the target calls: every property passes.
 * coin_residual_spare_draw: the same, each round's last token drawn again from a one-hot row (a categorical
@@ -24,6 +25,7 @@ from impls.speculative.standard import residual, speculative
 
 def list_sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
     return speculative(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos).tokens
+
 
 
 def coin_draw(rng, probs) -> int:

@@ -51,8 +51,10 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
   ``rounds`` one `Round(drafted, accepted, target_calls)` per round: ``drafted`` the draft tokens proposed
   (the depth of the tree for a multi-draft sampler), ``accepted`` how many of them the target accepted (not
   counting the replacement or bonus token), ``target_calls`` the target calls the round made (1).  A round
-  before the last emits accepted + 1 tokens.  A plain list of tokens is allowed too and means "no round
-  records": round_records_add_up then skips, saying so, and everything else is checked as for a Generation.
+  before the last emits accepted + 1 tokens.  A sampler that keeps no round records declares
+  ``rounds=False`` and returns a plain list of tokens: round_records_add_up then skips, saying so, and
+  everything else is checked as for a Generation.  A plain list from a sampler that does not declare it
+  fails round_records_add_up, naming the capability.
 * Bad input -- gamma < 1, models with different vocabularies, an empty prompt, distributions that are
   negative, NaN or do not sum to one -- raises ValueError naming the argument: ``check_inputs(target, draft,
   prompt, gamma, max_new_tokens, eos)`` checks the arguments, ``validated(lm, "target")`` wraps a model so
@@ -85,6 +87,8 @@ class SpeculativeCaps(BatchedCaps):
                              "(enumerated run by run)")
     adaptive_gamma: bool = cap(False, "drafts fewer than gamma tokens where it likes: tokens per call is bounded "
                                       "by the fixed-gamma formula, not equal to it")
+    rounds: bool = cap(True, "returns a Generation with its Round records; False: a plain list of tokens "
+                             "(round_records_add_up skips)")
 
 
 SPECULATIVE = define(
