@@ -94,6 +94,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("impl", cases)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A known upstream failure runs without shrinking: the xfail needs one failing example, and shrinking one
+    replays hundreds of variations (tens of seconds for a transformers model) to print nothing."""
+    from harness.registry import KNOWN_FAILURES
+    from harness.runner import shrinking
+
+    impl = getattr(getattr(item, "callspec", None), "params", {}).get("impl")
+    technique = _technique_of(getattr(item, "module", None).__name__) if impl is not None else None
+    known = technique and KNOWN_FAILURES.get((technique, impl.name, item.originalname.removeprefix("test_")))
+    with shrinking(item.obj, not known):
+        return (yield)
+
+
 def _technique_of(module: str) -> str | None:
     """The technique whose property modules include ``module``, or None (not one of ours)."""
     from harness.contracts import load_techniques

@@ -114,7 +114,8 @@ def select(props: list[Property], names: list[str] | None) -> list[Property]:
 def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None = None,
                  blob: str | None = None, shrink: bool = True) -> Verdict:
     """Run one property against one implementation here; ``blob`` replays a failure Hypothesis printed.
-    ``shrink=False`` reports the first failing example as found (a mutant's kill needs no minimal example)."""
+    ``shrink=False`` reports the first failing example as found (a mutant's kill needs no minimal example);
+    a known upstream failure is never shrunk: its record carries the minimal reproduction."""
     reason = prop.skip_reason(impl)
     if reason:
         return Verdict(impl.name, prop.name, "skip", message=reason)
@@ -126,7 +127,7 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
     start = time.perf_counter()
     known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
     try:
-        with _shrinking(prop.fn, shrink):
+        with shrinking(prop.fn, shrink and not known):
             prop.fn(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
         verdict = Verdict(
@@ -149,7 +150,7 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
 
 
 @contextlib.contextmanager
-def _shrinking(fn: Callable, shrink: bool) -> Iterator[None]:
+def shrinking(fn: Callable, shrink: bool) -> Iterator[None]:
     """Without ``shrink``, a property runs without Hypothesis's shrink and explain phases: shrinking a
     mutant's failure replays hundreds of variations (minutes for a model-sized example) to learn nothing the
     kill needs.  Set where Hypothesis reads it: on each @given test in ``fn``'s chain of wrappers (a decorator

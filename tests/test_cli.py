@@ -36,22 +36,42 @@ def harness(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
     (["mutants", "attentio"], "unknown technique 'attentio'"),
     (["list", "attentio"], "unknown technique 'attentio'"),
 ])
-def test_usage_errors_exit_2_with_one_line(args, says):
-    proc = harness(*args)
+def test_usage_errors_exit_2_with_one_line(args, says, capsys):
+    """In this process (`main` is what `python -m harness` calls): a process start each costs seconds;
+    test_a_usage_error_exits_2_from_the_command_line shows the process's exit code is main's."""
+    from harness.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, (code, err[-1000:])
+    assert says in err and "Traceback" not in err, err[-1000:]
+
+
+def test_a_usage_error_exits_2_from_the_command_line():
+    proc = harness("check", "attentio")
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-1000:])
-    assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+        "python -m harness check: unknown technique 'attentio'"), proc.stderr[-1000:]
 
 
-def test_pass_is_0_and_fail_is_1():
-    ok = harness("check", "attention", "--plugin", f"{PLUGINS}:correct", "--property", "matches_reference")
-    bad = harness("check", "attention", "--plugin", f"{PLUGINS}:zeros", "--property", "matches_reference")
-    assert (ok.returncode, bad.returncode) == (0, 1), ok.stdout[-1000:] + bad.stdout[-1000:]
-
-
-def test_json_to_stdout_is_the_versioned_document():
-    """`--json -`: the document on stdout (the matrix goes to stderr), every field docs/verdicts.md lists."""
-    proc = harness("check", "attention", "--plugin", f"{PLUGINS}:zeros", "--property", "matches_reference",
+@pytest.fixture(scope="module")
+def failing_check() -> subprocess.CompletedProcess:
+    """One `check` whose plugin fails (returns zeros), its JSON document on stdout: the tests below read it."""
+    return harness("check", "attention", "--plugin", f"{PLUGINS}:zeros", "--property", "matches_reference",
                    "--json", "-")
+
+
+def test_pass_is_0_and_fail_is_1(failing_check):
+    ok = harness("check", "attention", "--plugin", f"{PLUGINS}:correct", "--property", "matches_reference")
+    assert (ok.returncode, failing_check.returncode) == (0, 1), ok.stdout[-1000:] + failing_check.stderr[-1000:]
+
+
+def test_json_to_stdout_is_the_versioned_document(failing_check):
+    """`--json -`: the document on stdout (the matrix goes to stderr), every field docs/verdicts.md lists."""
+    proc = failing_check
     assert proc.returncode == 1, proc.stderr[-2000:]
     document = json.loads(proc.stdout)
     documented = set(re.findall(r"^\| `(\w+)` \|", (ROOT / "docs" / "verdicts.md").read_text(), re.M))
@@ -64,15 +84,16 @@ def test_json_to_stdout_is_the_versioned_document():
     assert "implementation x property" in proc.stderr
 
 
-def test_a_failure_reproduces_with_the_harness_command_alone():
+def test_a_failure_reproduces_with_the_harness_command_alone(failing_check):
     """The reproduce line replays the failing example (a blob Hypothesis printed), and Hypothesis's advice to
     decorate a test function -- which a plugin author does not have -- is not shown."""
-    proc = harness("check", "attention", "--plugin", f"{PLUGINS}:nan", "--property", "matches_reference")
-    assert "@reproduce_failure" not in proc.stdout and "decorator" not in proc.stdout, proc.stdout[-3000:]
-    line = re.search(r"reproduce: python -m harness (check .*)", proc.stdout).group(1)
+    shown = failing_check.stderr  # what the user reads (stdout holds the JSON document)
+    assert "@reproduce_failure" not in shown and "decorator" not in shown, shown[-3000:]
+    line = re.search(r"reproduce: python -m harness (check .*)", shown).group(1)
+    assert line == json.loads(failing_check.stdout)["verdicts"][0]["reproduce"].removeprefix("python -m harness ")
     assert "--reproduce " in line, line
     again = harness(*line.replace("--profile ci", "--profile dev").split())  # dev draws randomly: only the blob
-    assert again.returncode == 1 and "returned a non-finite value" in again.stdout, again.stdout[-3000:]
+    assert again.returncode == 1 and "zeros vs float64 reference" in again.stdout, again.stdout[-3000:]
 
 
 def test_list_into_a_closed_pipe_ends_quietly():
@@ -82,10 +103,12 @@ def test_list_into_a_closed_pipe_ends_quietly():
         proc.stderr[-2000:])
 
 
-def test_list_prints_the_capability_table():
-    proc = harness("list", "attention", "--caps")
-    assert proc.returncode == 0
-    assert re.search(r"returns_lse\s+bool\s+\(default False\)", proc.stdout), proc.stdout[:2000]
+def test_list_prints_the_capability_table(capsys):
+    from harness.cli import main
+
+    assert main(["list", "attention", "--caps"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"returns_lse\s+bool\s+\(default False\)", out), out[:2000]
 
 
 def _children(pid: int) -> set[int]:
