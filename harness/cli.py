@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="your implementation, imported only in its checking process")
     ck.add_argument("--property", action="append", default=[], metavar="NAME", help="only these properties")
     ck.add_argument("--reproduce", metavar="BLOB", help="replay the failing example a FAIL's reproduce line names")
+    ck.add_argument("--no-shrink", dest="shrink", action="store_false",
+                    help="report each failure's first example as found, not a minimal one (a faster verdict; its "
+                         "reproduce line replays that example)")
     _common(ck)
     ck.set_defaults(func=cmd_check)
 
@@ -150,11 +153,12 @@ def cmd_list(args) -> int:
 
 def cmd_check(args) -> int:
     return check(args.technique, names=args.impl, plugins=args.plugin, properties=args.property,
-                 profile=args.profile, jobs=args.jobs, json_path=args.json, reproduce=args.reproduce)
+                 profile=args.profile, jobs=args.jobs, json_path=args.json, reproduce=args.reproduce,
+                 shrink=args.shrink)
 
 
 def check(technique: str, *, names: list[str], plugins: list[str], properties: list[str], profile: str, jobs: int,
-          json_path: str | None, reproduce: str | None = None) -> int:
+          json_path: str | None, reproduce: str | None = None, shrink: bool = True) -> int:
     profiles.load(profile)
     _known_technique(technique)
     targets = _targets(technique, names, plugins)
@@ -163,7 +167,7 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
     started = time.perf_counter()
     with Printer(technique, len(targets) * len(props), out) as printer:
         results = runner.check(technique, targets, profile=profile, properties=properties, jobs=jobs,
-                               progress=printer, blob=reproduce)
+                               progress=printer, blob=reproduce, shrink=shrink)
     _unique_names(results)
     _print_matrix(technique, results, props, out)
     _write_json(json_path, verdicts_document(technique, profile, results, time.perf_counter() - started))

@@ -292,13 +292,14 @@ class Progress:
 
 def check(technique: str, targets: list[Target], *, profile: str, properties: list[str] | None = None,
           jobs: int = 1, progress: Progress | None = None, blob: str | None = None,
-          limits: isolation.Limits | None = None) -> list[ImplResult]:
-    """Every selected property of ``technique`` against each target, each target in its own child."""
+          limits: isolation.Limits | None = None, shrink: bool = True) -> list[ImplResult]:
+    """Every selected property of ``technique`` against each target, each target in its own child
+    (``shrink=False``: each failure's first example, as found)."""
     props = select(properties_of(technique), properties)
     names = [p.name for p in props]
 
     def job(target: Target) -> Callable[[], None]:
-        return lambda: _check_in_child(target, names, profile, blob, one_thread=jobs > 1)
+        return lambda: _check_in_child(target, names, profile, blob, shrink, one_thread=jobs > 1)
 
     return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
 
@@ -423,10 +424,11 @@ def kill_mutant(mutant: Impl, props: list[Property], *, profile: str, all_proper
     return verdicts
 
 
-def _check_in_child(target: Target, names: list[str], profile: str, blob: str | None, one_thread: bool) -> None:
+def _check_in_child(target: Target, names: list[str], profile: str, blob: str | None, shrink: bool,
+                    one_thread: bool) -> None:
     impl = _start_child(target, profile, one_thread)
     props = [p for p in properties_of(target.technique) if p.name in names]
-    for _ in verdicts_of(impl, props, profile=profile, plugin=target.plugin, blob=blob):
+    for _ in verdicts_of(impl, props, profile=profile, plugin=target.plugin, blob=blob, shrink=shrink):
         pass
 
 

@@ -51,11 +51,13 @@ OTHERS = {  # technique -> (plugin, the property run, what its message must say)
 
 def check(technique: str, specs: list[str], prop: str, tmp_path: Path, *, env: dict | None = None,
           timeout: float = 600) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
-    """`python -m harness check` on these plugin specs; its verdicts by plugin spec (it must exit 1: one failed)."""
+    """`python -m harness check --no-shrink` on these plugin specs; its verdicts by plugin spec (it must exit 1:
+    one failed).  Unshrunk: what is checked is the verdict and its reproduce line, not the minimal example
+    (tests/test_cli.py checks a shrunk one), and shrinking each failure costs seconds."""
     out = tmp_path / "verdicts.json"
     args = [arg for spec in specs for arg in ("--plugin", spec)]
     proc = subprocess.run([sys.executable, "-m", "harness", "check", technique, *args, "--property", prop,
-                           "--profile", "ci", "--jobs", "2", "--json", str(out)],
+                           "--profile", "ci", "--jobs", "2", "--json", str(out), "--no-shrink"],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
     assert proc.returncode == 1, f"exit {proc.returncode} (expected 1: plugins failed)\n{proc.stderr[-2000:]}"
     document = json.loads(out.read_text())
