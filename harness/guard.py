@@ -9,6 +9,7 @@ still shrink the failing example without waiting out the limit every time.
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import random
 import re
@@ -164,9 +165,17 @@ def global_state(owns_torch_rng: bool = False) -> dict[str, Any]:
     return state
 
 
+_MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32_t key[624]; int pos
+
+
 def _numpy_rng() -> tuple:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return name, keys.tobytes(), pos, has_gauss, gauss
+    """numpy's global generator: its MT19937 key and position read in place (np.random.get_state() copies the
+    key word by word, ~50 us, twice per guarded call).  Every draw, seed() or set_state() moves them, except a
+    normal served from the Box-Muller spare that an odd draw before it left, and that draw moved them."""
+    bitgen = np.random.mtrand._rand._bit_generator
+    if type(bitgen) is not np.random.MT19937:  # np.random.set_bit_generator(...) replaced it: compare in full
+        return id(bitgen), repr(bitgen.state)
+    return id(bitgen), ctypes.string_at(bitgen.ctypes.state_address, _MT19937_STATE_BYTES)
 
 
 def changed_state(before: dict[str, Any], after: dict[str, Any]) -> str:
