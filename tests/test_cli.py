@@ -64,9 +64,9 @@ def failing_check() -> subprocess.CompletedProcess:
                    "--json", "-")
 
 
-def test_pass_is_0_and_fail_is_1(failing_check):
-    ok = harness("check", "attention", "--plugin", f"{PLUGINS}:correct", "--property", "matches_reference")
-    assert (ok.returncode, failing_check.returncode) == (0, 1), ok.stdout[-1000:] + failing_check.stderr[-1000:]
+def test_a_failure_exits_1(failing_check):
+    """(A check that passes exits 0: tests/test_docs.py asserts it of every example plugin's check.)"""
+    assert failing_check.returncode == 1, failing_check.stderr[-2000:]
 
 
 def test_json_to_stdout_is_the_versioned_document(failing_check):
