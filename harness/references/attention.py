@@ -162,12 +162,14 @@ def _lse_merged_v(s: torch.Tensor, v: torch.Tensor, p_dtype: torch.dtype) -> tor
     (B, Hkv, G, Nq, Nk), d, S = s.shape, v.shape[-1], LSE_PARTITION
     P = max(1, -(-Nk // S))
     sp = F.pad(s, (0, P * S - Nk), value=float("-inf")).reshape(B, Hkv, G, Nq, P, S)  # (B, Hkv, G, Nq, P, S)
-    vp = F.pad(v.to(s.dtype), (0, 0, 0, P * S - Nk)).reshape(B, Hkv, 1, 1, P, S, d)  # (B, Hkv, 1, 1, P, S, d)
+    vp = F.pad(v.to(s.dtype), (0, 0, 0, P * S - Nk)).reshape(B, Hkv, P, S, d)  # (B, Hkv, P, S, d)
     m = sp.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, 0)  # (B, Hkv, G, Nq, P, 1)
     e = torch.exp(sp - m)  # (B, Hkv, G, Nq, P, S)
     l = e.sum(dim=-1, keepdim=True)  # noqa: E741
-    o = (_rounded(e, p_dtype)[..., None, :] @ vp)[..., 0, :] / torch.where(l > 0, l, 1)  # (B, Hkv, G, Nq, P, d)
+    ep = _rounded(e, p_dtype).permute(0, 1, 4, 2, 3, 5).reshape(B, Hkv, P, G * Nq, S)  # (B, Hkv, P, G Nq, S)
+    pv = (ep @ vp).reshape(B, Hkv, P, G, Nq, d).permute(0, 1, 3, 4, 2, 5)  # (B, Hkv, G, Nq, P, d)
+    o = pv / torch.where(l > 0, l, 1)  # (B, Hkv, G, Nq, P, d)
     lse = (m + l.log())[..., 0]  # (B, Hkv, G, Nq, P); -inf for a partition that sees no key
     total = torch.logsumexp(lse, dim=-1, keepdim=True)  # (B, Hkv, G, Nq, 1)
     w = torch.exp(lse - torch.where(torch.isfinite(total), total, 0))  # 0 for partitions that see nothing
