@@ -3,6 +3,7 @@ memory layout per argument, ambiguous shapes, extreme logits in every dtype, siz
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,17 @@ AMBIGUITY = 6
 AMBIGUOUS = ("Nk == d", "Nq == Nk", "Nq == H", "Nk == Hkv", "H == Hkv")
 
 
+# Built once per bound (and per Nk): a strategy built anew at every draw is validated again at every draw.
+@functools.lru_cache(maxsize=4096)
+def query_lengths(max_len: int, Nk: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.just(1), lengths(max_len), st.just(Nk))  # decode, Nq != Nk, square
+
+
+@functools.cache
+def head_dims(max_d: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, max_d))
+
+
 @st.composite
 def shapes(draw: st.DrawFn, max_len: int = 300, max_d: int = 128, ambiguous: bool = False,
            ) -> tuple[int, int, int, int, int]:
@@ -99,8 +111,8 @@ def shapes(draw: st.DrawFn, max_len: int = 300, max_d: int = 128, ambiguous: boo
     draw one of them when ``ambiguous``)."""
     H, Hkv = draw(head_counts())
     Nk = draw(lengths(max_len))
-    Nq = draw(st.one_of(st.just(1), lengths(max_len), st.just(Nk)))  # decode, Nq != Nk, square
-    d = draw(st.one_of(st.sampled_from([1, 3, 8, 16, 59, 64, 111, 128]), st.integers(1, max_d)))
+    Nq = draw(query_lengths(max_len, Nk))
+    d = draw(head_dims(max_d))
     if ambiguous or draw(st.integers(0, AMBIGUITY - 1)) == 0:
         forced = draw(st.sampled_from(AMBIGUOUS))
         if forced == "Nk == d":
@@ -183,17 +195,28 @@ def long_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices:
     case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=8, arguments=arguments))
     past_grid = draw(st.integers(0, PAST_GRID - 1)) == 0
     if past_grid:
-        n = draw(st.one_of(st.sampled_from(GRID_EDGES), st.integers(4097, 5000)))
+        n = draw(PAST_GRID_LENGTHS)
         d = draw(st.integers(1, 16))
         event("size: past 4096 keys (or queries)")
     else:
-        n = draw(st.one_of(st.sampled_from([n for n in (129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)
-                                            if n <= max_len]), st.integers(129, max_len)))
-        d = draw(st.one_of(st.sampled_from([d for d in (1, 128, 129, 192, 256) if d <= max_d]),
-                           st.integers(1, max_d)))
+        n, d = draw(long_lengths(max_len)), draw(wide_head_dims(max_d))
     small = {"B": 1, "Nq": min(case.Nq, 4), "Nk": min(case.Nk, 4)} if past_grid else {}
     along = "Nq" if long_queries and draw(st.booleans()) else "Nk"
     return AttentionCase(**{**case.__dict__, **small, along: n, "d": d})
+
+
+PAST_GRID_LENGTHS = st.one_of(st.sampled_from(GRID_EDGES), st.integers(4097, 5000))
+
+
+@functools.cache
+def long_lengths(max_len: int) -> st.SearchStrategy[int]:
+    edges = [n for n in (129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025) if n <= max_len]
+    return st.one_of(st.sampled_from(edges), st.integers(129, max_len))
+
+
+@functools.cache
+def wide_head_dims(max_d: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([d for d in (1, 128, 129, 192, 256) if d <= max_d]), st.integers(1, max_d))
 
 
 # (m, l, acc) partials of the online-softmax merge: scores of a few disjoint key blocks.

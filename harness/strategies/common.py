@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from hypothesis import strategies as st
 
@@ -10,13 +12,19 @@ seeds = st.integers(min_value=0, max_value=2**31 - 1)
 TILE_EDGES = sorted({n for b in (16, 17, 24, 32, 33, 40, 48, 64, 80, 128, 256) for n in (b - 1, b, b + 1)})
 
 
+@functools.cache  # one strategy per bound: a new one per draw is validated again (a third of a shape's draw)
 def lengths(max_len: int = 300) -> st.SearchStrategy[int]:
     edges = [n for n in TILE_EDGES if 1 <= n <= max_len]
     return st.one_of(st.sampled_from([1, 2, *edges]), st.integers(1, max_len))
 
 
+@functools.cache
+def head_counts(real_groups: bool = False) -> st.SearchStrategy[tuple[int, int]]:
+    return _head_counts(real_groups)
+
+
 @st.composite
-def head_counts(draw: st.DrawFn, real_groups: bool = False) -> tuple[int, int]:
+def _head_counts(draw: st.DrawFn, real_groups: bool = False) -> tuple[int, int]:
     """(H, Hkv) with Hkv dividing H, H <= 6: MHA, MQA and groups of 2, 3 and 4 query heads per kv head (a
     group of 3 catches kernels that assume a power of two, h >> log2(G)).  ``real_groups``: a quarter of
     the draws are real models' groupings instead (Llama-3 8B's 32/8 scaled down: 8/2, 12/3, 16/4), where a
