@@ -3,6 +3,7 @@ argument, ambiguous shapes, extreme logits in every dtype, tables past 4096 bloc
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -135,6 +136,21 @@ PAGED_LAYOUTS = {"q": LAYOUTS, "k_cache": (*LAYOUTS, "paired"), "v_cache": (*LAY
 PAGED_AMBIGUOUS = ("d == block_size", "block_size == Hkv", "Nq == H")
 
 
+# Built once (a strategy built at every draw is validated again at every draw).
+PAST_GRID_LENGTHS = st.one_of(st.sampled_from(GRID_EDGES[2:]), st.integers(4097, 5000))
+SHARED_BLOCKS = st.one_of(st.just(0), st.integers(1, 3))
+
+
+@functools.cache
+def paged_head_dims(wide: bool) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([1, 8, 16, 64] + [96, 128, 256] * wide), st.integers(1, 80))
+
+
+@functools.cache
+def block_sizes(wide: bool) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([1, 2, 3, 8, 16, 32] + [128, 256] * wide), st.integers(1, 64))
+
+
 @st.composite
 def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                           max_len: int = 200, decode: bool | None = None,
@@ -150,13 +166,11 @@ def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",
     seq_lens = tuple(draw(st.lists(lengths(max_len), min_size=B, max_size=B)))
     shortest = min(seq_lens)
     nq = st.just(1) if decode else st.one_of(st.just(1), st.integers(1, shortest), st.just(shortest))
-    head_dims, block_sizes = [1, 8, 16, 64] + [96, 128, 256] * wide, [1, 2, 3, 8, 16, 32] + [128, 256] * wide
     Nq = draw(nq if decode is not False else st.integers(1, shortest))
-    d = draw(st.one_of(st.sampled_from(head_dims), st.integers(1, 80)))
-    block_size = draw(st.one_of(st.sampled_from(block_sizes), st.integers(1, 64)))
+    d, block_size = draw(paged_head_dims(wide)), draw(block_sizes(wide))
     if past_grid and draw(st.integers(0, PAST_GRID - 1)) == PAST_GRID - 1:  # not 0: Hypothesis favours it (1 in 6 then)
         B, H, Hkv, Nq, block_size, d = 1, min(H, 2), 1, 1, 1, min(d, 8)
-        seq_lens = (draw(st.one_of(st.sampled_from(GRID_EDGES[2:]), st.integers(4097, 5000))),)
+        seq_lens = (draw(PAST_GRID_LENGTHS),)
         event("size: a table past 4096 blocks")
     elif draw(st.integers(0, AMBIGUITY - 1)) == 0:
         forced = draw(st.sampled_from(PAGED_AMBIGUOUS))
@@ -179,7 +193,7 @@ def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",
         scale=draw(scales if offset is None else half_safe_scales if dtype == "float16" else nonzero_scales),
         dtype=dtype, seed=draw(seeds), device=draw(st.sampled_from(devices)),
         index_dtype=draw(st.sampled_from(["int64", "int32"])), magnitude=extreme(draw, magnitude, dtype, "large"),
-        table_slack=draw(st.integers(0, 2)), shared_blocks=draw(st.one_of(st.just(0), st.integers(1, 3))),
+        table_slack=draw(st.integers(0, 2)), shared_blocks=draw(SHARED_BLOCKS),
         layouts=tuple(layouts[name] for name in PAGED_ARGUMENTS), offset=extreme(draw, offset, dtype, "far"),
     )
 

@@ -50,6 +50,9 @@ class QuantCase:
         return w.to(dtype_of(self.dtype)).to(self.device)
 
 
+ROWS = st.one_of(st.integers(1, 16), st.integers(17, 48))  # built once: a new strategy per draw is validated anew
+
+
 @st.composite
 def quant_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                 granularity: str | None = None, zeros: bool = False, caps=None) -> QuantCase:
@@ -66,7 +69,7 @@ def quant_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices
         event(f"quantization case: a row of {cols} elements, past {lo - 1}")
     else:
         cols = group_size * draw(st.integers(1, max(1, 256 // group_size)))  # group_size divides cols
-        rows = cols if kind == "square" and cols <= 128 else draw(st.one_of(st.integers(1, 16), st.integers(17, 48)))
+        rows = cols if kind == "square" and cols <= 128 else draw(ROWS)
         event(f"quantization case: {'square' if rows == cols else 'rectangular'} weight")
     grans = GRANULARITIES if caps is None else caps.granularities
     gran = granularity or draw(st.sampled_from(grans))

@@ -60,6 +60,9 @@ class LinearCase:
         return x
 
 
+TOKENS = st.one_of(st.integers(1, 24), st.integers(25, 64))  # past a 32-token tile too; built once, not per draw
+
+
 @st.composite
 def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                  multiple_of: int = 1, zero_tokens: bool = False, min_outliers: int = 0,
@@ -76,7 +79,7 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
         event(f"quantized_linear case: {d_in} in-features, past {lo - 1}")
     else:
         d_in = multiple_of * draw(st.integers(max(1, -(-least // multiple_of)), max(1, 128 // multiple_of)))
-        n = draw(st.one_of(st.integers(1, 24), st.integers(25, 64)))  # past a 32-token tile too
+        n = draw(TOKENS)
         d_out = draw(st.integers(1, 32))
         if kind == "square":  # w (d, d), and x (d, d) when it fits: a kernel that sniffs (in, out) from the shape
             d_out = d_in
