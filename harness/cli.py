@@ -189,7 +189,7 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
     for t in techniques:
         _known_technique(t)
     out = sys.stderr if json_path == "-" else sys.stdout
-    documents, survivors, scores = [], [], []
+    documents, survivors, not_run, scores = [], [], {}, []
     for t in techniques:
         started, props, registered = time.perf_counter(), runner.properties_of(t), impls(t, mutants=True)
         # stopping at its first kill, a mutant runs at most its declared killers (more only if it survives them)
@@ -201,7 +201,9 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
             killed, status = runner.mutant_status(result)
             print(f"{t:<18} {result.name:<32} {status}\n{'':<18} bug: {result.info.get('bug', '?')}", file=out,
                   flush=True)
-            if not killed:
+            if runner.not_run_here(result):
+                not_run.setdefault(runner.not_run_here(result), []).append(result.name)
+            elif not killed:
                 survivors.append(result.name)
         document = verdicts_document(t, profile, results, time.perf_counter() - started, kind="mutants")
         if score:
@@ -215,6 +217,8 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
     _write_json(json_path, {"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION, "kind": "mutants",
                             **provenance.run_info(profile), "techniques": documents})
     print(f"\n{len(survivors)} mutant(s) survived" + (f": {', '.join(survivors)}" if survivors else ""), file=out)
+    for why, names in not_run.items():
+        print(f"{len(names)} mutant(s) not run here, {why}: {', '.join(names)}", file=out)
     return 1 if survivors else 0
 
 
@@ -228,7 +232,7 @@ def mutant_score(first: list[runner.ImplResult], thorough: list[runner.ImplResul
         killed, _ = runner.mutant_status(r)
         declared = [v for v in r.verdicts if v.status == "FAIL" and v.property in r.info.get("killed_by", ())]
         margins = [v.margin for v in declared if v.margin is not None]
-        rows.append({"mutant": r.name, "killed": killed,
+        rows.append({"mutant": r.name, "killed": killed, "not_run_here": runner.not_run_here(r),
                      "killed_thorough": by_name[r.name].verdicts != [] and runner.mutant_status(by_name[r.name])[0],
                      "killers": [v.property for v in r.verdicts if v.status == "FAIL"],
                      "margin": max(margins) if margins else None})
@@ -249,7 +253,9 @@ def _print_score(scores: list[tuple[str, dict]], profile: str, out) -> None:
         print(f"\n  {t}", file=out)
         for row in s["mutants"]:
             margin = f", margin {row['margin']:.3g}" if row["margin"] is not None else ""
-            print(f"    {row['mutant']:<40} killed by {', '.join(row['killers']) or 'NOTHING'}{margin}", file=out)
+            killers = f"not run here: {row['not_run_here']}" if row["not_run_here"] else \
+                f"killed by {', '.join(row['killers']) or 'NOTHING'}{margin}"
+            print(f"    {row['mutant']:<40} {killers}", file=out)
 
 
 def cmd_run(args) -> int:
@@ -267,7 +273,10 @@ def cmd_run(args) -> int:
         print("\n=== mutants ===", flush=True)
         rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
                      json_path=str(verdicts / "mutants.json"))
-        summary.append(("mutants killed", "ok" if rc == 0 else "SURVIVORS"))
+        not_here = [m for t in load_techniques() for m in impls(t, mutants=True) if m.unavailable]
+        summary.append(("mutants killed", ("ok" if rc == 0 else "SURVIVORS")
+                        + (f" ({len(not_here)} not run here: {'; '.join(sorted({m.unavailable for m in not_here}))})"
+                           if not_here else "")))
         status |= rc
     if not args.no_bench:
         from harness.quickbench import run_quick

@@ -460,6 +460,8 @@ def mutant_status(result: ImplResult) -> tuple[bool, str]:
     mutant computed its bug: a declared killer that failed because the mutant raised, crashed, hung or never ran
     says nothing about the bug it models."""
     killed_by = tuple(result.info.get("killed_by", ()))
+    if not_run_here(result):
+        return False, f"not run here: {not_run_here(result)}"
     killers = [v.property for v in result.verdicts if v.status == "FAIL"]
     right = sorted({v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by
                     and not _broke(v)})
@@ -469,6 +471,12 @@ def mutant_status(result: ImplResult) -> tuple[bool, str]:
     if broke:
         return False, f"CRASHED instead of computing its bug in {', '.join(broke)}: {result.verdicts[0].message}"
     return False, f"SURVIVED its declared killers {killed_by}" + (f" (other failures: {killers})" if killers else "")
+
+
+def not_run_here(result: ImplResult) -> str | None:
+    """Why a mutant could not run on this machine (the library it wraps is not installed, no CUDA device), or
+    None: such a mutant is neither killed nor a survivor, and is counted apart."""
+    return result.info.get("unavailable") or None
 
 
 def _broke(verdict: Verdict) -> bool:

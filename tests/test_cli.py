@@ -178,3 +178,23 @@ def test_every_help_page_renders(capsys):
             main([*command, "--help"])
         assert exit_.value.code == 0, command
         assert "usage:" in capsys.readouterr().out, command
+
+
+def test_a_mutant_that_cannot_run_here_is_counted_apart(monkeypatch, capsys):
+    """A mutant of a library's adapter, without the library: every property skips, which is no survival (the
+    README's first command installs no third-party library) -- and no kill: it is named as not run."""
+    from harness import cli, runner
+
+    def one_unrunnable(technique, **kw):
+        target = runner.Target(technique, name="mutant_needs_lib")
+        info = {"name": "mutant_needs_lib", "killed_by": ("matches_reference",), "bug": "a bug",
+                "unavailable": "lib is not installed here"}
+        return [runner.ImplResult(target, info, [runner.Verdict("mutant_needs_lib", "matches_reference", "skip",
+                                                                message="lib is not installed here")])]
+
+    monkeypatch.setattr(runner, "kill_mutants", one_unrunnable)
+    assert cli.mutants(["attention"], profile="dev", jobs=1, json_path=None) == 0
+    out = capsys.readouterr().out
+    assert "mutant_needs_lib                 not run here: lib is not installed here" in out
+    assert "0 mutant(s) survived" in out
+    assert "1 mutant(s) not run here, lib is not installed here: mutant_needs_lib" in out
