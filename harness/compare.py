@@ -2,23 +2,26 @@
 
 Both commits' code runs in one session: each commit gets a git worktree and a virtual environment of its own
 (the running interpreter's packages -- torch -- reached through a .pth file, the project installed editable
-with --no-deps: no network), and one long-lived worker process (harness/benchworker.py) per side.  The same
-benchmark suite (this checkout's benchmarks/, as asv uses) runs on both.  For each case the two workers take
-turns, round after round, the order flipping each round (A B, B A, A B, ...), so load that comes and goes on a
-shared machine falls on both sides alike and cancels in each round's ratio HEAD / BASE.  A ``time_`` case is
-read as the fastest call's CPU time in each sample, on one torch thread, both sides of a round on one CPU
-(`measure` says why).
+with --no-deps: no network), and a worker process (harness/benchworker.py) per side.  The same benchmark suite
+(this checkout's benchmarks/, as asv uses) runs on both.  For each case the two workers take turns, round after
+round, the order flipping each round (A B, B A, A B, ...), so load that comes and goes on a shared machine falls
+on both sides alike and cancels in each round's ratio HEAD / BASE.  A ``time_`` case is read as the fastest
+call's CPU time in each sample, on one torch thread, both sides of a round on one CPU (`Rounds` says why).
 
-The ratio is the Hodges-Lehmann estimate (median of the Walsh averages) of the rounds' log ratios, with the
-distribution-free confidence interval that inverts the Wilcoxon signed-rank test (Hollander & Wolfe,
-Nonparametric Statistical Methods, Sec. 3.2): a load spike on one side of one round moves it by one rank,
-not by its size.  Verdict: ``slower`` / ``faster`` when the CONFIDENCE interval excludes 1 and the estimate
-is at least MIN_EFFECT away from 1 (two processes of identical code in two worktrees were measured to differ
-by up to ~3% for a whole comparison, which enough rounds call significant), ``noisy`` when neither holds and
-the interval still
-reaches NOISY away from 1 (the comparison cannot rule such a change out), else ``same``.  For ``track_``
-values the verdict is ``higher`` / ``lower``, and ``worse`` / ``better`` where the benchmark's unit says
-which way is better.
+The rounds are spread over PAIRS pairs of fresh workers, a few rounds each.  A process's memory layout (where
+ASLR put the libraries, how its heap came out) moves every round it runs by the same few per cent (Mytkowicz et
+al., "Producing wrong data without doing anything obviously wrong!", ASPLOS 2009): two processes of identical
+code measured here differed by 2-3% for a whole comparison, so the rounds of one pair are not independent
+evidence, and an interval over them was too narrow (it called 4 of 141 identical copies slower).  The pair is
+the unit: each pair's estimate is the median of its rounds' log ratios; the ratio is the Hodges-Lehmann
+estimate (median of the Walsh averages) of the pairs' estimates, with the distribution-free confidence interval
+that inverts the Wilcoxon signed-rank test (Hollander & Wolfe, Nonparametric Statistical Methods, Sec. 3.2): a
+load spike in one pair moves it by one rank, not by its size.
+
+Verdict: ``slower`` / ``faster`` when the CONFIDENCE interval excludes 1 and the estimate is at least MIN_EFFECT
+away from 1, ``noisy`` when neither holds and the interval still reaches NOISY away from 1 (the comparison
+cannot rule such a change out), else ``same``.  For ``track_`` values the verdict is ``higher`` / ``lower``, and
+``worse`` / ``better`` where the benchmark's unit says which way is better.
 
 Two registered implementations on one commit go through the same engine (``--impls A B``): two workers of one
 environment, the cases whose parameters name A paired with the same cases naming B.
@@ -51,8 +54,8 @@ ROOT = provenance.ROOT
 ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, reused (git-ignored)
 WORKER = Path(__file__).with_name("benchworker.py")
 ROUNDS = 40
-MIN_ROUNDS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
-BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
+PAIRS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
+BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them (down to one a pair), not a longer comparison
 CONFIDENCE = 0.99
 MIN_EFFECT = 0.05
 NOISY = 0.10
@@ -97,6 +100,7 @@ class Result:
     p_value: float = math.nan
     a: list[float] = field(default_factory=list)
     b: list[float] = field(default_factory=list)
+    pairs: list[int] = field(default_factory=list)  # the worker pair each round ran in (empty: one pair)
     seconds: float = 0.0
     why: str = ""
 
@@ -106,7 +110,8 @@ class Result:
 
 
 def judge(r: Result, higher_is_better: bool | None = None) -> Result:
-    """Fill in the ratio, its interval, the signed-rank p-value and the verdict from the paired rounds."""
+    """Fill in the ratio, its interval, the signed-rank p-value and the verdict from the paired rounds: over
+    the pairs' median log ratios where the rounds came from several worker pairs, else over the rounds."""
     import numpy as np
     from scipy.stats import wilcoxon
 
@@ -116,6 +121,9 @@ def judge(r: Result, higher_is_better: bool | None = None) -> Result:
         r.why = r.why or f"{len(a)} rounds of positive values needed for a ratio"
         return r
     d = np.log(b / a)
+    if len(set(r.pairs)) > 1:
+        pair = np.asarray(r.pairs)
+        d = np.array([np.median(d[pair == p]) for p in sorted(set(r.pairs))])  # (pairs,)
     centre, low, high = signed_rank_interval(d)
     r.ratio, r.low, r.high = math.exp(centre), math.exp(low), math.exp(high)
     r.p_value = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
@@ -217,84 +225,133 @@ class Worker:
         self.close()
 
 
-def measure(a: Worker, b: Worker, case_a: tuple[str, tuple], case_b: tuple[str, tuple], rounds: int = ROUNDS,
-            budget_s: float = BUDGET_S, clock: str = "cpu", threads: int = 1) -> Result:
-    """Set up case_a in worker a and case_b in b, then ``rounds`` rounds of one sample each (fewer, down to
-    MIN_ROUNDS, where a round takes more than budget_s / rounds), the order flipped every round; the result
-    holds B / A.  A time_ case runs on ``threads`` torch threads (0: as the benchmark sets them), both sides
-    calling it the same number of times per sample, and is read in ``clock`` seconds per call: "cpu", the
-    fastest call's CPU time in the sample (a call that other processes preempted costs more, never less),
-    or "wall"; a cuda case always in wall seconds.  On one thread, both sides of a round run on the same
-    CPU, the next round on the next CPU: a core slowed by its neighbours (a busy hyperthread sibling on the
-    host) then slows both sides of a round, not one process for the whole comparison."""
-    started = time.perf_counter()
-    name, params = case_b
-    r = Result(name, params, kind=name.rsplit(".", 1)[-1].split("_", 1)[0])
-    timed = r.kind == "time"
-    extra = {"threads": threads} if timed and threads else {}
-    first = a.ask("setup", name=case_a[0], params=list(case_a[1]), **extra)
-    answers = [first, b.ask("setup", name=name, params=list(params), number=first.get("number"), **extra)]
-    problem = next((x.get("skip") or x.get("error") for x in answers if not x.get("ok")), None)
-    r.clock = "value" if r.kind != "time" else "wall" if clock == "wall" or "cuda" in params else "cpu"
-    key = "cpu" if r.clock == "cpu" else "value"
-    i = 0
-    cpus = sorted(os.sched_getaffinity(0))
-    while problem is None and i < rounds:
-        round_started = time.perf_counter()
-        pin = {"cpu": cpus[i % len(cpus)]} if timed and threads == 1 else {}
-        for side in ((a, r.a), (b, r.b)) if i % 2 == 0 else ((b, r.b), (a, r.a)):
-            answer = side[0].ask("sample", **pin)
-            if "error" in answer:
-                problem = answer["error"]
-                break
-            side[1].append(answer[key])
-        if i == 0:
-            rounds = max(MIN_ROUNDS, min(rounds, int(budget_s / (time.perf_counter() - round_started))))
-        i += 1
-    for w in (a, b):
-        w.ask("teardown")
-    r.seconds = time.perf_counter() - started
-    r.unit = answers[1].get("unit") or ("s" if r.kind == "time" else None)
-    if problem:
-        r.verdict, r.why = ("skipped" if all(x.get("ok") or "skip" in x for x in answers) else "error"), problem
-        return r
-    higher = answers[1].get("higher_is_better")
-    return judge(r, higher if higher is not None else (r.unit in HIGHER_IS_BETTER if r.kind == "track" else None))
+class Rounds:
+    """One case's rounds, spread over the worker pairs: ``pair`` sets the case up in both workers of a pair and
+    runs its share of rounds, the order flipped every round; ``result`` judges them (B / A).  The first pair
+    fixes the calls per sample (both sides, every pair) and the rounds per pair: rounds / pairs, fewer (down to
+    one) where a round takes more than budget_s / rounds.  A time_ case runs on ``threads`` torch threads (0: as
+    the benchmark sets them) and is read in ``clock`` seconds per call: "cpu", the fastest call's CPU time in the
+    sample (a call that other processes preempted costs more, never less), or "wall"; a cuda case always in wall
+    seconds.  On one thread, both sides of a round run on the same CPU, the next round on the next CPU: a core
+    slowed by its neighbours (a busy hyperthread sibling on the host) then slows both sides of a round, not one
+    process for the whole comparison."""
+
+    def __init__(self, case_a: tuple[str, tuple], case_b: tuple[str, tuple], *, rounds: int = ROUNDS,
+                 pairs: int = PAIRS, budget_s: float = BUDGET_S, clock: str = "cpu", threads: int = 1) -> None:
+        self.case_a, self.case_b = case_a, case_b
+        self.r = Result(*case_b, kind=case_b[0].rsplit(".", 1)[-1].split("_", 1)[0])
+        self.timed = self.r.kind == "time"
+        self.r.clock = "value" if not self.timed else "wall" if clock == "wall" or "cuda" in case_b[1] else "cpu"
+        self.extra = {"threads": threads} if self.timed and threads else {}
+        self.pin = self.timed and threads == 1
+        self.rounds, self.pairs, self.budget_s = rounds, pairs, budget_s
+        self.per_pair: int | None = None
+        self.number = None
+        self.problem: str | None = None
+        self.answers: list[dict] = []
+
+    def pair(self, a: Worker, b: Worker, p: int) -> None:
+        if self.problem is not None:
+            return
+        started = time.perf_counter()
+        (name_a, params_a), (name_b, params_b) = self.case_a, self.case_b
+        first = a.ask("setup", name=name_a, params=list(params_a), number=self.number, **self.extra)
+        self.number = self.number or first.get("number")
+        self.answers = [first, b.ask("setup", name=name_b, params=list(params_b), number=self.number, **self.extra)]
+        self.problem = next((x.get("skip") or x.get("error") for x in self.answers if not x.get("ok")), None)
+        key = "cpu" if self.r.clock == "cpu" else "value"
+        cpus = sorted(os.sched_getaffinity(0))
+        i = 0
+        while self.problem is None and i < (self.per_pair or 1):
+            k = len(self.r.a)  # rounds so far, over every pair
+            round_started = time.perf_counter()
+            pin = {"cpu": cpus[k % len(cpus)]} if self.pin else {}
+            for worker, values in ((a, self.r.a), (b, self.r.b)) if k % 2 == 0 else ((b, self.r.b), (a, self.r.a)):
+                answer = worker.ask("sample", **pin)
+                if "error" in answer:
+                    self.problem = answer["error"]
+                    break
+                values.append(answer[key])
+            else:
+                self.r.pairs.append(p)
+            if self.per_pair is None:
+                fits = int(self.budget_s / self.pairs / (time.perf_counter() - round_started))
+                self.per_pair = max(1, min(self.rounds // self.pairs, fits))
+            i += 1
+        del self.r.a[len(self.r.pairs):], self.r.b[len(self.r.pairs):]  # a round cut short by an error
+        for worker in (a, b):
+            worker.ask("teardown")
+        self.r.seconds += time.perf_counter() - started
+
+    def result(self) -> Result:
+        r = self.r
+        r.unit = (self.answers[1].get("unit") if self.answers else None) or ("s" if r.kind == "time" else None)
+        if self.problem:
+            r.verdict = "skipped" if any("skip" in x for x in self.answers) else "error"  # a raising sample: error
+            r.why = self.problem
+            return r
+        higher = self.answers[1].get("higher_is_better")
+        return judge(r, higher if higher is not None else (r.unit in HIGHER_IS_BETTER if r.kind == "track" else None))
+
+
+def worker_pairs(start_a, start_b, pairs: int = PAIRS):
+    """(index, worker a, worker b) for ``pairs`` pairs of fresh workers, both of a pair starting at once (their
+    imports overlap), each pair ended before the next starts."""
+    for p in range(pairs):
+        with start_a() as a, start_b() as b:
+            yield p, a, b
+
+
+def measure(start_a, start_b, matched, *, pairs: int = PAIRS, progress=print, **how) -> list[Result]:
+    """Each (case_a, case_b) of ``matched`` (or of ``matched(a, b)``, asked of the first pair's workers) over
+    ``pairs`` pairs of workers from start_a() and start_b(), every case in every pair: one Result each, B / A."""
+    runs, started = None, time.perf_counter()
+    for p, a, b in worker_pairs(start_a, start_b, pairs):
+        if runs is None:
+            runs = [Rounds(*case, pairs=pairs, **how) for case in (matched(a, b) if callable(matched) else matched)]
+        for run in runs:
+            run.pair(a, b, p)
+        if pairs > 1:
+            progress(f"pair {p + 1}/{pairs}: {len(runs)} cases, {time.perf_counter() - started:.0f} s so far")
+    return [run.result() for run in runs or []]
 
 
 # ------------------------------------------------------------------------------------------ comparisons
-def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, repo: Path = ROOT,
-                    clock: str = "cpu", threads: int = 1, progress=print) -> list[Result]:
+def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, pairs: int = PAIRS,
+                    repo: Path = ROOT, clock: str = "cpu", threads: int = 1, progress=print) -> list[Result]:
     """Every case matching ``bench`` (asv's --bench syntax) at both commits: HEAD / BASE, one Result each."""
     (pa, sa), (pb, sb) = prepare(base, repo), prepare(head, repo)
-    with Worker(pa, sa) as a, Worker(pb, sb) as b:
-        at_base, at_head = a.cases(bench), b.cases(bench)
-        results = []
-        for case in at_head:
-            if case not in at_base:
-                results.append(Result(*case, verdict="new", why="not at BASE"))
-                continue
-            results.append(measure(a, b, case, case, rounds, clock=clock, threads=threads))
-            if results[-1].verdict != "skipped":
-                progress(line(results[-1]))
-        results += [Result(*case, verdict="gone", why="not at HEAD") for case in at_base if case not in at_head]
-    return results
+    listed = {}
+
+    def matched(a: Worker, b: Worker) -> list:
+        listed["base"], listed["head"] = a.cases(bench), b.cases(bench)
+        return [(case, case) for case in listed["head"] if case in listed["base"]]
+
+    results = measure(lambda: Worker(pa, sa), lambda: Worker(pb, sb), matched, rounds=rounds, pairs=pairs,
+                      clock=clock, threads=threads, progress=progress)
+    for r in results:
+        if r.verdict != "skipped":
+            progress(line(r))
+    return (results + [Result(*c, verdict="new", why="not at BASE") for c in listed["head"] if c not in listed["base"]]
+            + [Result(*c, verdict="gone", why="not at HEAD") for c in listed["base"] if c not in listed["head"]])
 
 
 def compare_impls(impl_a: str, impl_b: str, bench: str, *, commit: str = "HEAD", rounds: int = ROUNDS,
-                  repo: Path = ROOT, clock: str = "cpu", threads: int = 1, progress=print) -> list[Result]:
+                  pairs: int = PAIRS, repo: Path = ROOT, clock: str = "cpu", threads: int = 1,
+                  progress=print) -> list[Result]:
     """impl_b / impl_a on one commit: each case naming impl_a paired with the same case naming impl_b."""
     python, src = prepare(commit, repo)
-    with Worker(python, src) as a, Worker(python, src) as b:
+
+    def matched(a: Worker, b: Worker) -> list:
         cases = set(a.cases(bench))
-        results = []
-        for name, params in sorted(cases, key=str):
-            if impl_a not in params:
-                continue
-            other = (name, tuple(impl_b if p == impl_a else p for p in params))
-            if other in cases:
-                results.append(measure(a, b, (name, params), other, rounds, clock=clock, threads=threads))
-                progress(line(results[-1]))
+        pairs_of = [((name, params), (name, tuple(impl_b if p == impl_a else p for p in params)))
+                    for name, params in sorted(cases, key=str) if impl_a in params]
+        return [(x, y) for x, y in pairs_of if y in cases]
+
+    results = measure(lambda: Worker(python, src), lambda: Worker(python, src), matched, rounds=rounds, pairs=pairs,
+                      clock=clock, threads=threads, progress=progress)
+    for r in results:
+        progress(line(r))
     return results
 
 
@@ -341,11 +398,11 @@ def copies(fractions: list[float], repo: Path = ROOT, at: str = "HEAD") -> tuple
     return scratch, head, made
 
 
-def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out: Path | None = None,
-          at: str = "HEAD") -> dict:
+def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pairs: int = PAIRS,
+          out: Path | None = None, at: str = "HEAD") -> dict:
     """Compare the original with each copy ``comparisons`` times, the fractions taking turns so that the
     machine's load falls on all of them alike; per fraction, how often the verdict was ``slower``, the
-    ratios, and the seconds per comparison (fresh workers each time, environments already built)."""
+    ratios, and the seconds per comparison (fresh worker pairs each time, environments already built)."""
     scratch, base, made = copies(fractions, at=at)
     for commit in [base, *made.values()]:
         prepare(commit, scratch)
@@ -354,7 +411,8 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out
     for k in range(comparisons):
         for f in fractions:
             started = time.perf_counter()
-            (r,) = compare_commits(base, made[f], CALIBRATED, rounds=rounds, repo=scratch, progress=lambda _: None)
+            (r,) = compare_commits(base, made[f], CALIBRATED, rounds=rounds, pairs=pairs, repo=scratch,
+                                   progress=lambda _: None)
             t = tally[f]
             t["n"] += 1
             t["slower"] += r.verdict == "slower"
@@ -366,7 +424,8 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, out
             print(f"power {k + 1}/{comparisons} +{f:.0%}: {line(r)}  [{time.perf_counter() - started:.1f} s]",
                   flush=True)
         if out:
-            provenance.write_json(out, {"fractions": tally, "rounds": rounds, "machine": provenance.machine_name(),
+            provenance.write_json(out, {"fractions": tally, "rounds": rounds, "pairs": pairs,
+                                        "machine": provenance.machine_name(),
                                         "commit": base, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT})
     return tally
 
@@ -380,6 +439,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impls", nargs=2, metavar=("A", "B"), help="instead of two commits: implementation B / A "
                    "on the commit HEAD names")
     p.add_argument("--rounds", type=int, default=ROUNDS, help=f"A/B rounds per case (default {ROUNDS})")
+    p.add_argument("--pairs", type=int, default=PAIRS, help=f"fresh worker pairs the rounds are spread over "
+                   f"(default {PAIRS}; the interval counts pairs: fewer than 8 cannot exclude 1)")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="how time_ cases are read: the "
                    "worker's CPU seconds (default; load from other processes does not inflate them) or wall seconds")
     p.add_argument("--threads", type=int, default=1, help="torch threads of time_ cases (default 1: on a shared "
@@ -393,12 +454,12 @@ def run(args: argparse.Namespace) -> int:
     bench = args.bench or regex(QUICK)
     if args.impls:
         a, b = args.impls
-        results = compare_impls(a, b, bench, commit=args.head, rounds=args.rounds, clock=args.clock,
-                                threads=args.threads)
+        results = compare_impls(a, b, bench, commit=args.head, rounds=args.rounds, pairs=args.pairs,
+                                clock=args.clock, threads=args.threads)
     else:
         a, b = args.base, args.head
-        results = compare_commits(a, b, bench, rounds=args.rounds, clock=args.clock,
-                                threads=args.threads)
+        results = compare_commits(a, b, bench, rounds=args.rounds, pairs=args.pairs, clock=args.clock,
+                                  threads=args.threads)
     print(f"\nmachine {provenance.machine_name()}; {a} vs {b}\n" + table(results, a, b))
     if args.json:
         provenance.write_json(args.json, {"machine": provenance.machine_name(), "a": a, "b": b,
@@ -420,7 +481,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.power is not None:
         out = args.out or provenance.output_root() / "compare-power.json"
-        power(args.power or [0.0, 0.05, 0.10, 0.20], args.comparisons, rounds=args.rounds, out=out, at=args.at)
+        power(args.power or [0.0, 0.05, 0.10, 0.20], args.comparisons, rounds=args.rounds, pairs=args.pairs, out=out,
+              at=args.at)
         print(f"power: {out}")
         return 0
     return run(args)

@@ -90,3 +90,64 @@ def test_worker_lists_sets_up_samples_and_skips(tmp_path):
         cuda = next(c for c in cases if c[0].startswith("bench_attention.KernelTflops"))
         answer = w.ask("setup", name=cuda[0], params=list(cuda[1]))
         assert "skip" in answer or answer.get("ok")  # skipped without a GPU, set up with one
+
+
+def paired(ratio: float, pair_sd: float, noise: float, pairs: int = 10, per_pair: int = 4, seed: int = 0) -> Result:
+    """Rounds in ``pairs`` worker pairs whose B side carries an offset of its own for all its rounds (a process's
+    memory layout), log-normal with ``pair_sd``, on top of each round's noise."""
+    g = np.random.default_rng(seed)
+    offset = np.repeat(np.exp(pair_sd * g.standard_normal(pairs)), per_pair)
+    n = pairs * per_pair
+    a = 0.01 * np.exp(noise * g.standard_normal(n))
+    b = 0.01 * ratio * offset * np.exp(noise * g.standard_normal(n))
+    return Result("bench_x.C.time_f", (), a=list(a), b=list(b), pairs=list(np.repeat(np.arange(pairs), per_pair)))
+
+
+def test_an_offset_per_worker_pair_is_no_false_alarm_when_pairs_are_the_unit():
+    """One pair's rounds share its offset: 40 rounds in one pair (the design before) call identical code slower
+    or faster in a fifth of comparisons; 40 rounds over ten pairs, judged by pair, at most the interval's 1%."""
+    alarms = {"one pair": 0, "ten pairs": 0}
+    for seed in range(200):
+        for design, pairs in (("one pair", 1), ("ten pairs", 10)):
+            r = paired(1.0, pair_sd=0.04, noise=0.01, pairs=pairs, per_pair=40 // pairs, seed=seed)
+            alarms[design] += judge(r).verdict in ("slower", "faster")
+    assert alarms["ten pairs"] <= 2 and alarms["one pair"] >= 20, alarms
+
+
+def test_ten_percent_is_seen_through_pair_offsets():
+    seen = sum(judge(paired(1.10, pair_sd=0.02, noise=0.03, seed=seed)).verdict == "slower" for seed in range(100))
+    assert seen >= 95
+
+
+class FakeWorker:
+    """A benchworker's answers without a process: samples of ``value`` seconds, an error at sample ``fail_at``."""
+
+    def __init__(self, value: float, fail_at: int | None = None) -> None:
+        self.value, self.fail_at, self.samples, self.numbers = value, fail_at, 0, []
+
+    def ask(self, op: str, **request) -> dict:
+        if op == "setup":
+            self.numbers.append(request.get("number"))
+            return {"ok": True, "number": request.get("number") or 7, "unit": "seconds"}
+        if op == "sample":
+            self.samples += 1
+            return {"error": "boom"} if self.samples == self.fail_at else {"cpu": self.value, "value": self.value}
+        return {"ok": True}
+
+
+def test_rounds_spread_over_pairs_and_the_first_pair_fixes_the_calls():
+    run = compare.Rounds(("bench_x.C.time_f", ()), ("bench_x.C.time_f", ()), rounds=12, pairs=3)
+    for p in range(3):
+        a, b = FakeWorker(0.010), FakeWorker(0.011)
+        run.pair(a, b, p)
+        assert b.numbers == [7] and a.numbers == [None if p == 0 else 7]
+    r = run.result()
+    assert r.pairs == [0] * 4 + [1] * 4 + [2] * 4 and len(r.a) == len(r.b) == 12
+    assert r.ratio == pytest.approx(1.1)
+
+
+def test_a_round_cut_short_by_an_error_is_dropped_whole():
+    run = compare.Rounds(("bench_x.C.time_f", ()), ("bench_x.C.time_f", ()), rounds=8, pairs=2)
+    run.pair(FakeWorker(0.01), FakeWorker(0.01, fail_at=3), 0)
+    r = run.result()
+    assert r.verdict == "error" and r.why == "boom" and len(r.a) == len(r.b) == len(r.pairs) == 2
