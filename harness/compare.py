@@ -55,7 +55,8 @@ ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, 
 WORKER = Path(__file__).with_name("benchworker.py")
 ROUNDS = 40
 PAIRS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
-BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them (down to one a pair), not a longer comparison
+MIN_ROUNDS = 10  # a case's fewest rounds, over all its pairs, however slow a round is
+BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
 CONFIDENCE = 0.99
 MIN_EFFECT = 0.05
 NOISY = 0.10
@@ -229,12 +230,12 @@ class Rounds:
     """One case's rounds, spread over the worker pairs: ``pair`` sets the case up in both workers of a pair and
     runs its share of rounds, the order flipped every round; ``result`` judges them (B / A).  The first pair
     fixes the calls per sample (both sides, every pair) and the rounds per pair: rounds / pairs, fewer (down to
-    one) where a round takes more than budget_s / rounds.  A time_ case runs on ``threads`` torch threads (0: as
-    the benchmark sets them) and is read in ``clock`` seconds per call: "cpu", the fastest call's CPU time in the
-    sample (a call that other processes preempted costs more, never less), or "wall"; a cuda case always in wall
-    seconds.  On one thread, both sides of a round run on the same CPU, the next round on the next CPU: a core
-    slowed by its neighbours (a busy hyperthread sibling on the host) then slows both sides of a round, not one
-    process for the whole comparison."""
+    MIN_ROUNDS over all pairs) where a round takes more than budget_s / rounds.  A time_ case runs on
+    ``threads`` torch threads (0: as the benchmark sets them) and is read in ``clock`` seconds per call: "cpu",
+    the fastest call's CPU time in the sample (a call that other processes preempted costs more, never less), or
+    "wall"; a cuda case always in wall seconds.  On one thread, both sides of a round run on the same CPU, the
+    next round on the next CPU: a core slowed by its neighbours (a busy hyperthread sibling on the host) then
+    slows both sides of a round, not one process for the whole comparison."""
 
     def __init__(self, case_a: tuple[str, tuple], case_b: tuple[str, tuple], *, rounds: int = ROUNDS,
                  pairs: int = PAIRS, budget_s: float = BUDGET_S, clock: str = "cpu", threads: int = 1) -> None:
@@ -263,7 +264,7 @@ class Rounds:
         cpus = sorted(os.sched_getaffinity(0))
         i = 0
         while self.problem is None and i < (self.per_pair or 1):
-            k = len(self.r.a)  # rounds so far, over every pair
+            k = len(self.r.pairs)  # rounds so far, over every pair
             round_started = time.perf_counter()
             pin = {"cpu": cpus[k % len(cpus)]} if self.pin else {}
             for worker, values in ((a, self.r.a), (b, self.r.b)) if k % 2 == 0 else ((b, self.r.b), (a, self.r.a)):
@@ -276,7 +277,7 @@ class Rounds:
                 self.r.pairs.append(p)
             if self.per_pair is None:
                 fits = int(self.budget_s / self.pairs / (time.perf_counter() - round_started))
-                self.per_pair = max(1, min(self.rounds // self.pairs, fits))
+                self.per_pair = max(-(-MIN_ROUNDS // self.pairs), min(self.rounds // self.pairs, fits))
             i += 1
         del self.r.a[len(self.r.pairs):], self.r.b[len(self.r.pairs):]  # a round cut short by an error
         for worker in (a, b):
