@@ -39,9 +39,11 @@ def pytest_configure(config: pytest.Config) -> None:
         load(profile, prefix="harness-")
     if config.getoption("--harness-impl"):
         config.stash[_CHOSEN] = _chosen(config.getoption("--harness-impl"))
+        config.stash[_PROFILE] = profile
 
 
 _CHOSEN = pytest.StashKey[dict]()
+_PROFILE = pytest.StashKey[str]()
 
 
 def _chosen(specs: list[str]) -> dict:
@@ -61,7 +63,7 @@ def _chosen(specs: list[str]) -> dict:
             raise pytest.UsageError(f"--harness-impl must be TECHNIQUE=MODULE:ATTR with TECHNIQUE one of "
                                     f"{', '.join(sorted(load_techniques()))}; got {spec!r}")
         try:
-            chosen.setdefault(technique, []).append(load_plugin(where, technique))
+            chosen.setdefault(technique, []).append((load_plugin(where, technique), where))
         except Exception as exc:
             raise pytest.UsageError(f"--harness-impl {spec}: {type(exc).__name__}: {exc}") from exc
     return chosen
@@ -77,7 +79,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from harness.runner import Property
 
     chosen = metafunc.config.stash.get(_CHOSEN, None)
-    candidates = chosen.get(technique, []) if chosen is not None else impls(technique)
+    candidates = [impl for impl, _ in chosen.get(technique, [])] if chosen is not None else impls(technique)
     prop = Property(metafunc.function.__name__, metafunc.function, metafunc.function.__module__)
     cases = []
     for impl in candidates:
@@ -105,7 +107,29 @@ def pytest_runtest_call(item: pytest.Item):
     technique = _technique_of(getattr(item, "module", None).__name__) if impl is not None else None
     known = technique and KNOWN_FAILURES.get((technique, impl.name, item.originalname.removeprefix("test_")))
     with shrinking(item.obj, not known):
-        return (yield)
+        try:
+            return (yield)
+        except BaseException as exc:
+            spec = next((where for chosen, where in item.config.stash.get(_CHOSEN, {}).get(technique, [])
+                         if chosen is impl), None)
+            if spec:
+                _advise_the_harness_command(exc, technique, spec, item.originalname.removeprefix("test_"),
+                                            item.config.stash[_PROFILE])
+            raise
+
+
+def _advise_the_harness_command(exc: BaseException, technique: str, spec: str, prop: str, profile: str) -> None:
+    """Hypothesis ends a failure with "add @reproduce_failure(...) as a decorator on your test function": the
+    test function is ours, in site-packages.  A downstream user gets the harness's command that replays the
+    example instead (and rerunning the same pytest command finds it again: the ci profile is derandomized)."""
+    from harness.runner import failure_blob, reproduce_command
+
+    blob = failure_blob(exc)
+    for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
+        notes = getattr(sub, "__notes__", None)
+        if notes is not None:
+            notes[:] = [n for n in notes if "@reproduce_failure" not in n]
+    exc.add_note(f"Reproduce: {reproduce_command(technique, '', prop, profile, spec, blob)}")
 
 
 def _technique_of(module: str) -> str | None:

@@ -126,14 +126,19 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
                 f._hypothesis_internal_use_reproduce_failure = (version, data.encode())
     start = time.perf_counter()
     known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
+    printed: list[str] = []  # a replayed example is reported, not attached to the exception
+    from hypothesis import reporting
+
     try:
-        with shrinking(prop.fn, shrink and not known):
+        with shrinking(prop.fn, shrink and not known), (
+                reporting.with_reporter(printed.append) if blob else contextlib.nullcontext()):
             prop.fn(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
         verdict = Verdict(
             impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
-            counterexample=counterexample(exc),
-            reproduce=reproduce_command(impl.technique, impl.name, prop.name, profile, plugin, failure_blob(exc)),
+            counterexample=counterexample(exc) or "\n".join(map(str, printed)).strip(),
+            reproduce=reproduce_command(impl.technique, impl.name, prop.name, profile, plugin,
+                                        failure_blob(exc) or blob),
             seconds=time.perf_counter() - start, margin=_margin(exc),
         )
         if known:

@@ -94,6 +94,8 @@ def test_a_failure_reproduces_with_the_harness_command_alone(failing_check):
     assert "--reproduce " in line, line
     again = harness(*line.replace("--profile ci", "--profile dev").split())  # dev draws randomly: only the blob
     assert again.returncode == 1 and "zeros vs float64 reference" in again.stdout, again.stdout[-3000:]
+    assert "impl=<attention implementation" in again.stdout, again.stdout[-3000:]  # the replayed example is shown
+    assert f"--reproduce {line.rsplit('--reproduce ', 1)[1]}" in again.stdout, again.stdout[-3000:]  # and kept
 
 
 def test_list_into_a_closed_pipe_ends_quietly():

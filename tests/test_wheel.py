@@ -3,6 +3,7 @@ temporary folder (torch and the other heavy dependencies are borrowed from this 
 run our attention properties against a downstream package's kernel with pytest's normal reporting.  Nothing may be
 written into site-packages."""
 
+import re
 import subprocess
 import sys
 import sysconfig
@@ -84,6 +85,12 @@ def test_our_properties_run_in_a_downstream_pytest_session(installed):
     failed = "FAILED" in bad.stdout and "test_matches_reference[forgets_the_scale]" in bad.stdout
     assert bad.returncode == 1 and failed, bad.stdout[-3000:]
     assert files_under(site) == before, "running the properties wrote into site-packages"
+    # the test function is ours, in site-packages: the advice is the harness's command, which replays the example
+    assert "@reproduce_failure" not in bad.stdout, bad.stdout[-3000:]
+    command = re.search(r"Reproduce: python -m harness (check .*--reproduce \S+)", bad.stdout)
+    assert command, bad.stdout[-3000:]
+    again = run(python, "-m", "harness", *command.group(1).split(), "--no-shrink", cwd=project)
+    assert again.returncode == 1 and "FAIL" in again.stdout and "scale=0.0" in again.stdout, again.stdout[-3000:]
 
 
 def test_check_runs_from_the_wheel_and_writes_nothing_into_site_packages(installed):
