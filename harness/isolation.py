@@ -100,6 +100,10 @@ def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable
     out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
+    # whatever stood in for sys.stdout in the parent (a notebook's stream, pytest's capture, redirect_stdout),
+    # the implementation's prints land in the capture file too
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     _channel, _deadline, _capture = conn, deadline, capture_path
     if limits.memory_bytes:
         _memory_limit = limits.memory_bytes

@@ -5,6 +5,8 @@ says which, with a line to reproduce it, and the run goes on and ends within its
 
 Runs `python -m harness check` as a user would, on tests/misbehaving_plugins.py and tests/plugins/."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -50,19 +52,29 @@ OTHERS = {  # technique -> (plugin, the property run, what its message must say)
 
 
 def check(technique: str, specs: list[str], prop: str, tmp_path: Path, *, env: dict | None = None,
-          timeout: float = 600) -> tuple[dict[str, dict], subprocess.CompletedProcess]:
-    """`python -m harness check --no-shrink` on these plugin specs; its verdicts by plugin spec (it must exit 1:
-    one failed).  Unshrunk: what is checked is the verdict and its reproduce line, not the minimal example
-    (tests/test_cli.py checks a shrunk one), and shrinking each failure costs seconds."""
+          timeout: float = 600) -> dict[str, dict]:
+    """`harness check --no-shrink` on these plugin specs; its verdicts by plugin spec (it must exit 1: one failed).
+    Run through `main`, what `python -m harness` calls, in this process (a process start costs seconds; the
+    plugins are imported in the check's children either way), or from the command line where ``env`` sets a
+    limit the harness reads at import.  Unshrunk: what is checked is the verdict and its reproduce line, not the
+    minimal example (tests/test_cli.py checks a shrunk one), and shrinking each failure costs seconds."""
+    from harness.cli import main
+
     out = tmp_path / "verdicts.json"
-    args = [arg for spec in specs for arg in ("--plugin", spec)]
-    proc = subprocess.run([sys.executable, "-m", "harness", "check", technique, *args, "--property", prop,
-                           "--profile", "ci", "--jobs", "2", "--json", str(out), "--no-shrink"],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
-    assert proc.returncode == 1, f"exit {proc.returncode} (expected 1: plugins failed)\n{proc.stderr[-2000:]}"
+    argv = ["check", technique, *[arg for spec in specs for arg in ("--plugin", spec)], "--property", prop,
+            "--profile", "ci", "--jobs", "2", "--json", str(out), "--no-shrink"]
+    if env is None:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as printed:
+            rc = main(argv)
+        said = printed.getvalue()
+    else:
+        proc = subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT, env={**os.environ, **env})
+        rc, said = proc.returncode, proc.stderr
+    assert rc == 1, f"exit {rc} (expected 1: plugins failed)\n{said[-2000:]}"
     document = json.loads(out.read_text())
     spec_of = {i["name"]: i["target"] for i in document["implementations"]}
-    return {spec_of[v["impl"]]: v for v in document["verdicts"]}, proc
+    return {spec_of[v["impl"]]: v for v in document["verdicts"]}
 
 
 def assert_verdict(v: dict, status: str, says: str, technique: str, prop: str, spec: str) -> None:
@@ -76,7 +88,7 @@ def assert_verdict(v: dict, status: str, says: str, technique: str, prop: str, s
 def attention_verdicts(tmp_path_factory) -> dict[str, dict]:
     """One `harness check attention` of every plugin EXPECTED lists: the tests below each read their plugins'."""
     specs = [f"{PLUGINS}:{name}" for name in EXPECTED]
-    verdicts, _ = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("attention"))
+    verdicts = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("attention"))
     return verdicts
 
 
@@ -105,7 +117,7 @@ def test_output_is_captured_and_truncated(attention_verdicts):
 
 
 def test_a_memory_hog_is_stopped_at_the_memory_limit(tmp_path):
-    verdicts, _ = check("attention", [f"{PLUGINS}:hogs_memory"], "matches_reference", tmp_path,
+    verdicts = check("attention", [f"{PLUGINS}:hogs_memory"], "matches_reference", tmp_path,
                         env={"HARNESS_MEMORY_LIMIT_GB": "1"})
     assert "exceeded the memory limit of 1 GiB" in verdicts[f"{PLUGINS}:hogs_memory"]["message"]
 
@@ -134,7 +146,7 @@ AT_IMPORT = {  # plugin module of tests/plugins/ -> what its verdict must say
 def import_verdicts(tmp_path_factory) -> dict[str, dict]:
     """One `harness check attention` of every plugin that misbehaves at import, and one correct plugin."""
     specs = [f"{IMPORTS / module}:attention" for module in AT_IMPORT] + [f"{PLUGINS}:correct"]
-    verdicts, _ = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("imports"),
+    verdicts = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("imports"),
                         env={"HARNESS_IMPORT_LIMIT_S": "5"})  # the correct plugin imports in well under 1 s
     return verdicts
 
@@ -168,6 +180,6 @@ def test_an_entry_point_that_exits_at_import_does_not_take_list_or_pytest_down()
 def test_every_technique_reports_a_misbehaving_plugin(technique, tmp_path):
     plugin, prop, says = OTHERS[technique]
     spec = f"{PLUGINS}:{plugin}"
-    verdicts, _ = check(technique, [spec], prop, tmp_path)
+    verdicts = check(technique, [spec], prop, tmp_path)
     assert sorted(verdicts) == [spec], f"verdicts for {sorted(verdicts)}, expected {plugin}'s"
     assert_verdict(verdicts[spec], "FAIL", says, technique, prop, spec)
