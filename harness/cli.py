@@ -201,8 +201,8 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
             killed, status = runner.mutant_status(result)
             print(f"{t:<18} {result.name:<32} {status}\n{'':<18} bug: {result.info.get('bug', '?')}", file=out,
                   flush=True)
-            if runner.not_run_here(result):
-                not_run.setdefault(runner.not_run_here(result), []).append(result.name)
+            if why := runner.not_run_here(result):
+                not_run.setdefault(why, []).append(result.name)
             elif not killed:
                 survivors.append(result.name)
         document = verdicts_document(t, profile, results, time.perf_counter() - started, kind="mutants")

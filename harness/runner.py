@@ -465,8 +465,8 @@ def mutant_status(result: ImplResult) -> tuple[bool, str]:
     mutant computed its bug: a declared killer that failed because the mutant raised, crashed, hung or never ran
     says nothing about the bug it models."""
     killed_by = tuple(result.info.get("killed_by", ()))
-    if not_run_here(result):
-        return False, f"not run here: {not_run_here(result)}"
+    if why := not_run_here(result):
+        return False, f"not run here: {why}"
     killers = [v.property for v in result.verdicts if v.status == "FAIL"]
     right = sorted({v.property for v in result.verdicts if v.status == "FAIL" and v.property in killed_by
                     and not _broke(v)})
