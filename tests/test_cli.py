@@ -12,8 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from tests.shared import once
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).with_name("misbehaving_plugins.py")
@@ -58,10 +61,14 @@ def test_a_usage_error_exits_2_from_the_command_line():
 
 
 @pytest.fixture(scope="module")
-def failing_check() -> subprocess.CompletedProcess:
-    """One `check` whose plugin fails (returns zeros), its JSON document on stdout: the tests below read it."""
-    return harness("check", "attention", "--plugin", f"{PLUGINS}:zeros", "--property", "matches_reference",
-                   "--json", "-")
+def failing_check(tmp_path_factory) -> SimpleNamespace:
+    """One `check` whose plugin fails (returns zeros), its JSON document on stdout (once a run): the tests below
+    read its returncode, stdout and stderr."""
+    def run(_):
+        done = harness("check", "attention", "--plugin", f"{PLUGINS}:zeros", "--property", "matches_reference",
+                       "--json", "-")
+        return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    return SimpleNamespace(**once(tmp_path_factory, "failing_check", run))
 
 
 def test_a_failure_exits_1(failing_check):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.shared import once
+
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).with_name("misbehaving_plugins.py")
 IMPORTS = Path(__file__).with_name("plugins")
@@ -86,10 +88,10 @@ def assert_verdict(v: dict, status: str, says: str, technique: str, prop: str, s
 
 @pytest.fixture(scope="module")
 def attention_verdicts(tmp_path_factory) -> dict[str, dict]:
-    """One `harness check attention` of every plugin EXPECTED lists: the tests below each read their plugins'."""
+    """One `harness check attention` of every plugin EXPECTED lists (once a run): the tests below each read their
+    plugins'."""
     specs = [f"{PLUGINS}:{name}" for name in EXPECTED]
-    verdicts = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("attention"))
-    return verdicts
+    return once(tmp_path_factory, "attention_verdicts", lambda tmp: check("attention", specs, "matches_reference", tmp))
 
 
 def test_each_misbehaving_plugin_gets_its_own_verdict(attention_verdicts):
@@ -146,9 +148,9 @@ AT_IMPORT = {  # plugin module of tests/plugins/ -> what its verdict must say
 def import_verdicts(tmp_path_factory) -> dict[str, dict]:
     """One `harness check attention` of every plugin that misbehaves at import, and one correct plugin."""
     specs = [f"{IMPORTS / module}:attention" for module in AT_IMPORT] + [f"{PLUGINS}:correct"]
-    verdicts = check("attention", specs, "matches_reference", tmp_path_factory.mktemp("imports"),
-                        env={"HARNESS_IMPORT_LIMIT_S": "5"})  # the correct plugin imports in well under 1 s
-    return verdicts
+    return once(tmp_path_factory, "import_verdicts", lambda tmp: check(
+        "attention", specs, "matches_reference", tmp,
+        env={"HARNESS_IMPORT_LIMIT_S": "5"}))  # the correct plugin imports in well under 1 s
 
 
 @pytest.mark.parametrize("module", sorted(AT_IMPORT))

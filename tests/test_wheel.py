@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.shared import once
+
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = '''
 import torch
@@ -40,10 +42,8 @@ def run(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=900, **kw)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(python of a fresh venv holding the wheel, its site-packages, a downstream project folder)."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def install(tmp: Path) -> list[str]:
+    """[python of a fresh venv holding the wheel, its site-packages, a downstream project folder], built in tmp."""
     built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist",
                 ROOT)
     assert built.returncode == 0, built.stderr[-3000:]
@@ -58,7 +58,13 @@ def installed(tmp_path_factory):
     (project / "my_pkg").mkdir(parents=True)
     (project / "my_pkg" / "__init__.py").write_text("")
     (project / "my_pkg" / "kernels.py").write_text(KERNELS)
-    return python, site, project
+    return [str(python), str(site), str(project)]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(python, site-packages, downstream project): one wheel and venv for the run, whichever workers ask."""
+    return tuple(Path(p) for p in once(tmp_path_factory, "wheel", install))
 
 
 def files_under(site: Path) -> set[Path]:
