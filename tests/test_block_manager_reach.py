@@ -2,8 +2,10 @@
 where bookkeeping bugs live is reached in at least its stated fraction of programs (SITUATIONS), and the mutants
 once killed only by a pinned program die from random programs alone, for their declared reason.
 
-The ci profile is derandomized, so both are deterministic; they assert what the statistics of
-``pytest --hypothesis-profile ci --hypothesis-show-statistics properties/test_block_manager.py`` show.
+They assert what the statistics of ``pytest --hypothesis-profile ci --hypothesis-show-statistics
+properties/test_block_manager.py`` show, from fixed seeds.  A seed fixes a run only up to the integers Hypothesis
+draws from the constants of the local modules imported so far (which tests ran before in the same worker), so the
+fractions are pooled over four seeds rather than read off one run.
 """
 
 import collections
@@ -18,6 +20,8 @@ from properties.test_block_manager import SITUATIONS, run_machine
 CHECKS = {"machine_bookkeeping": frozenset({"bookkeeping"}), "machine_data": frozenset({"data"})}
 RANDOM_ONLY = ("swap_in_cpu_id_order", "swap_in_rollback_evicts", "cow_skipped_after_swap")
 SEED = 1  # fixed: the ci profile alone seeds from the machine's source, so every edit would draw other programs
+SEEDS = range(4)  # pooled: the target phase spends most of a run varying its richest program, so one run's fractions
+# hang on that one program's situations (over seeds 0-23, a situation's fraction in a single run fell to 0-13 %)
 
 
 def ci() -> settings:
@@ -27,9 +31,10 @@ def ci() -> settings:
 
 @pytest.mark.parametrize("name", ["simple", "vllm_style"])
 def test_every_situation_is_reached_in_its_stated_fraction(name):
-    """Both machines run the same programs (the checks draw nothing), so one run without checks counts them."""
+    """Both machines run the same programs (the checks draw nothing), so runs without checks count them."""
     reached: list[frozenset[str]] = []
-    run_machine(get("block_manager", name), frozenset(), pinned=False, profile=ci(), seed=SEED, reached=reached)
+    for seed in SEEDS:
+        run_machine(get("block_manager", name), frozenset(), pinned=False, profile=ci(), seed=seed, reached=reached)
     counts = collections.Counter(s for seen in reached for s in seen)
     short = {s: f"{counts[s]}/{len(reached)}" for s, floor in SITUATIONS.items() if counts[s] < floor * len(reached)}
     assert not short, f"{name}: situations reached in fewer programs than SITUATIONS states: {short}"
