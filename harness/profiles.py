@@ -3,6 +3,10 @@
 Registered by this project's conftest.py for its own pytest runs (``--hypothesis-profile ci``), by the CLI
 before it imports any property, and under ``harness-`` names by the pytest plugin in another project's
 session (which may have profiles of its own called ci or dev).
+
+ci draws the same examples for the same command, but not for every command: Hypothesis also draws some integers
+from the constants in the source of the local modules imported so far, so one test run alone can draw other
+examples than in the whole suite.  A failure's printed blob (``--reproduce``) replays it exactly either way.
 """
 
 from hypothesis import HealthCheck, Phase, settings
