@@ -94,10 +94,18 @@ def output_since(offset: int) -> tuple[str, int]:
     return (_tail(_capture, start=offset) if size > offset else ""), size
 
 
-def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None]) -> None:
+def capture_path() -> str:
+    """The file this child's output goes to ('' outside a child): the implementation's process appends to it."""
+    return _capture or os.devnull
+
+
+def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None], parent: int) -> None:
     global _channel, _deadline, _memory_limit, _capture
+    from harness.engine.boundary import die_with_parent
+
+    die_with_parent(parent)  # a killed harness takes its children along (they are in sessions of their own)
     os.setsid()  # its own session and process group: no terminal signals, one group to kill
-    out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
     # whatever stood in for sys.stdout in the parent (a notebook's stream, pytest's capture, redirect_stdout),
@@ -143,8 +151,8 @@ class _Child:
         os.close(fd)
         parent_end, child_end = ctx.Pipe(duplex=False)
         self.conn = parent_end
-        self.proc = ctx.Process(target=_child_main, args=(child_end, self.deadline, self.capture, limits, job),
-                                daemon=True)
+        self.proc = ctx.Process(target=_child_main,
+                                args=(child_end, self.deadline, self.capture, limits, job, os.getpid()), daemon=True)
         self.proc.start()
         child_end.close()
         self.started = time.monotonic()

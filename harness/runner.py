@@ -324,6 +324,15 @@ def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progr
     return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
 
 
+# Set (to "1") by `--trusted-in-process` and `--harness-trusted-in-process`: the implementation runs in the judge's
+# own process, where it could change its own verdicts -- for one's own code, never for code under judgement.
+TRUSTED_IN_PROCESS = "HARNESS_TRUSTED_IN_PROCESS"
+
+
+def trusted_in_process() -> bool:
+    return os.environ.get(TRUSTED_IN_PROCESS) == "1"
+
+
 # Importing a plugin and registering it (torch, transformers, a JIT build) takes seconds; a module that sleeps
 # or blocks at import is stopped here, not at the per-implementation limit of its whole check.
 IMPORT_LIMIT_S = float(os.environ.get("HARNESS_IMPORT_LIMIT_S", "180"))
@@ -443,20 +452,44 @@ def _mutant_in_child(target: Target, names: list[str], profile: str, all_propert
                 all_properties=all_properties)
 
 
-def _start_child(target: Target, profile: str, one_thread: bool) -> Impl:
-    """Quiet Hypothesis's own printing (the verdict carries the example), load the profile and the target."""
+def _start_child(target: Target, profile: str, one_thread: bool, trusted: bool = False) -> Impl:
+    """Start the implementation's process (before this process computes anything), quiet Hypothesis's own
+    printing (the verdict carries the example), load the profile; the target is loaded over there, or here
+    when ``trusted`` (the in-process path, for one's own code)."""
     from hypothesis import reporting
 
     from harness.profiles import load
 
+    impl = _load(target) if trusted or trusted_in_process() else open_isolated(target, one_thread=one_thread)
     reporting.reporter.default = lambda value: None
     if one_thread:  # children share the cores: intra-op threads would only spin against each other
         import torch
 
         torch.set_num_threads(1)
     load(profile)
-    impl = _load(target)
     isolation.send("impl", _info(impl))
+    return impl
+
+
+def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
+    """The target loaded in a process of its own (harness/engine/boundary.py); here, a record of what it declared
+    whose ``fn`` is a proxy.  RuntimeError naming the file, line and exception when loading it failed."""
+    from harness.engine.boundary import LoadFailed, PluginProcess
+    from harness.registry import make_impl
+
+    load = {"technique": target.technique, "name": target.name, "plugin": target.plugin}
+    process = PluginProcess.start(load, capture=isolation.capture_path(), memory_bytes=isolation.memory_limit(),
+                                  one_thread=one_thread, spawn=spawn)
+    try:
+        started = process.hello(IMPORT_LIMIT_S)
+    except LoadFailed as exc:
+        process.close()
+        raise RuntimeError(f"loading {target.label} failed: {exc}") from None
+    info = started.info
+    fields = {k: info[k] for k in ("devices", "dtypes", "exact", "mutant", "killed_by", "bug", "cite", "caps",
+                                   "source", "unavailable") if k in info}
+    impl = make_impl(str(info["technique"]), str(info["name"]), started.fn, **fields)
+    process.impl_fn, process.call_limit_s = started.fn, impl.caps.call_limit_s
     return impl
 
 
