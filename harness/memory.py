@@ -19,7 +19,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-
 # The meters entered in this context: a call in the implementation's process (harness/engine/boundary.py) is
 # measured there by a meter of its own, and its peak and largest allocation are added to these.
 METERS: contextvars.ContextVar[tuple] = contextvars.ContextVar("tensor_memory", default=())

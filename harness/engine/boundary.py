@@ -27,13 +27,17 @@ import signal
 import socket
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 from harness.engine import wire
 from harness.engine.callserver import PLUGIN_UID_BASE
+from harness.guard import BoundaryFailure
 
 GRACE_S = 3.0  # past a call's own limit: the alarm inside the implementation's process gets the first chance
 PR_SET_PDEATHSIG = 1
@@ -53,12 +57,15 @@ def remote_context(**settings: Any) -> Iterator[None]:
         _context.reset(token)
 
 
-class Crashed(Exception):
+class Crashed(BoundaryFailure):
     """The implementation's process died, or sent something the judge cannot read."""
 
 
-class Hung(Exception):
+class Hung(BoundaryFailure):
     """No reply within the call's limit: the implementation's process was killed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hung=True)
 
 
 def die_with_parent(parent: int) -> None:
@@ -88,6 +95,7 @@ class PluginProcess:
         self.next_handle = itertools.count(1)
         self.ids = itertools.count(1)
         self.released: list[int] = []  # handles of the implementation's objects the judge dropped
+        self.proxies: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
         self.dead = ""  # why it stopped, once it has
         self.arena_generation = -1  # the implementation's process has no arena yet: sent with the first request
         self.decoder = wire.Decoder(self.resolve, trusted=False)
@@ -146,7 +154,12 @@ class PluginProcess:
                 raise wire.Malformed(f"a reference to judge object {spec.handle}, which it never handed over") from None
         if spec.owner != "impl":
             raise wire.Malformed(f"a reference owned by {spec.owner!r}")
-        return Remote(self, spec.handle, spec.methods, spec.type_name)
+        proxy = self.proxies.get(spec.handle)
+        if proxy is None:  # one proxy per object over there: the object is released when the last one dies
+            if spec.handle in self.released:
+                self.released.remove(spec.handle)  # dropped, but not released yet: it lives on
+            proxy = self.proxies[spec.handle] = Remote(self, spec.handle, spec.methods, spec.type_name)
+        return proxy
 
     def handle_of(self, obj: Any) -> wire.RefSpec:
         """A judge object the implementation will hold by reference (an LM it calls, a storage it writes to)."""
@@ -158,9 +171,11 @@ class PluginProcess:
         if handle is None:
             handle = next(self.next_handle)
             self.refs[handle], self.ref_ids[id(obj)] = obj, handle
-        methods = tuple(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None)))
-        methods += ("__call__",) if callable(obj) else ()
-        return wire.RefSpec("judge", handle, methods, type(obj).__name__, bool(getattr(obj, "harness_sink", False)))
+        public = [(n, getattr(obj, n, None)) for n in dir(obj) if not n.startswith("_")]
+        methods = tuple(n for n, v in public if callable(v)) + (("__call__",) if callable(obj) else ())
+        attrs = tuple((n, v) for n, v in public if type(v) in wire.PLAIN_ATOMS or isinstance(v, torch.dtype))
+        return wire.RefSpec("judge", handle, methods, type(obj).__name__, bool(getattr(obj, "harness_sink", False)),
+                            attrs)
 
     # -- calls -----------------------------------------------------------------------------------------------
     def call(self, handle: int, method: str, args: tuple, kwargs: dict, *, timeout_s: float,
@@ -264,7 +279,7 @@ class PluginProcess:
             _, _, kind, payload, sink_calls, extras = msg
             if type(extras) is not dict:
                 raise wire.Malformed("a reply's extras must be a dict")
-            if kind not in ("ok", "raised", "violation", "many"):
+            if kind not in ("ok", "raised", "violation", "many", "paths"):
                 raise wire.Malformed(f"a reply of kind {kind!r}")
             for handle, method, args in wire._seq(sink_calls, list):  # replayed in order, on the judge's object
                 obj = self.refs[handle]
@@ -273,6 +288,8 @@ class PluginProcess:
                 getattr(obj, method)(*self.decoder.decode(args))
             if kind == "ok":
                 return Reply("ok", value=self.decoder.decode(payload), extras=extras)
+            if kind == "paths":  # the enumeration's runner checks every entry (harness/replay.py)
+                return Reply("paths", value=payload)
             if kind == "many":
                 return Reply("many", value=[self._group(entry) for entry in wire._seq(payload, list)])
             if kind == "raised":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import itertools
 import mmap
 import os
@@ -132,6 +133,9 @@ class JudgeObject:
         self._server, self._spec = server, spec
 
     def __getattr__(self, name: str) -> Any:
+        for key, value in self._spec.attrs:
+            if key == name:
+                return value
         if name.startswith("_") or name not in self._spec.methods:
             raise AttributeError(f"{self._spec.type_name} object has no attribute {name!r} (it lives in the judge's "
                                  "process; only its methods can be called from here)")
@@ -207,9 +211,9 @@ class Server:
         elif op == "many":
             kind, payload = "many", self.many(*rest)
         elif op == "paths":
-            from harness.enumeration import run_paths
+            from harness.replay import run_paths
 
-            kind, payload = "ok", run_paths(self, *rest)
+            kind, payload = "paths", run_paths(self, *rest)
         else:
             kind, payload = "violation", f"unknown request {op!r}"
         sinks, self.sink_calls = self.sink_calls, []
@@ -291,7 +295,9 @@ class Server:
 
     @staticmethod
     def methods(obj: Any) -> tuple[str, ...]:
-        names = tuple(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None)))
+        """Its public methods (called without a round trip to fetch them first); a callable attribute that is an
+        object of its own (a model's module) is read as an attribute, becoming a reference of its own."""
+        names = tuple(n for n in dir(obj) if not n.startswith("_") and inspect.isroutine(getattr(obj, n, None)))
         return names + (("__call__",) if callable(obj) else ())
 
     def resolve(self, spec: wire.RefSpec) -> Any:

@@ -21,6 +21,7 @@ compares the arena with its own untouched copy -- an input mutation is seen by t
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import mmap
@@ -75,6 +76,7 @@ class RefSpec:
     methods: tuple[str, ...]
     type_name: str
     sink: bool = False
+    attrs: tuple = ()  # (name, value) of a judge object's plain public attributes (a model's vocab_size)
 
 
 class Arena:
@@ -166,6 +168,10 @@ class Encoder:
                           for k, v in value.items()])
         if kind in (set, frozenset):
             return ("s", [self.encode(v, path) for v in value])
+        if kind is collections.OrderedDict:  # a state_dict: its items, as a dict
+            return self.encode(dict(value), path)
+        if issubclass(kind, tuple) and hasattr(kind, "_fields") and not _harness_record(kind):  # a named tuple
+            return self.encode(tuple(value), path)
         if isinstance(value, torch.dtype):
             return ("dt", str(value).removeprefix("torch."))
         if isinstance(value, torch.device):
@@ -182,7 +188,8 @@ class Encoder:
         if self.by_value and isinstance(value, self.by_value):
             return ("P", pickle.dumps(value, protocol=5))
         spec = self.refs(value)
-        return ("R", spec.owner, spec.handle, spec.methods, spec.type_name, spec.sink)
+        return ("R", spec.owner, spec.handle, spec.methods, spec.type_name, spec.sink,
+                [(k, self.encode(v, f"{path}.{k}")) for k, v in spec.attrs])
 
     def tensor(self, t: torch.Tensor, path: str) -> Any:
         dtype = str(t.dtype).removeprefix("torch.")
@@ -207,10 +214,15 @@ class Encoder:
 
 
 def _harness_record(kind: type) -> bool:
-    """The harness's own dataclasses and named tuples (a `Generation`, a `Quantized`) travel as their fields."""
+    """The harness's value types travel as their fields: named tuples (a `Quantized`), frozen dataclasses, and the
+    contracts' own dataclasses (a `Generation`).  Another dataclass holds state (an adapter's cache) and travels
+    as a reference, like any object."""
     module = getattr(kind, "__module__", "") or ""
-    return module.split(".")[0] == "harness" and (
-        dataclasses.is_dataclass(kind) or (issubclass(kind, tuple) and hasattr(kind, "_fields")))
+    if module.split(".")[0] != "harness":
+        return False
+    if issubclass(kind, tuple) and hasattr(kind, "_fields"):
+        return True
+    return dataclasses.is_dataclass(kind) and (kind.__dataclass_params__.frozen or module.startswith("harness.contracts"))
 
 
 def changed_inputs(encoder: Encoder) -> list[str]:
@@ -291,8 +303,9 @@ class Decoder:
         if tag == "D":
             return self.record(_str(rest[0]), _seq(rest[1], list), d)
         if tag == "R":
+            attrs = tuple((_str(k), self.decode(v, d)) for k, v in _seq(rest[5], list)) if self.trusted else ()
             return self.resolve_ref(RefSpec(_str(rest[0]), int(rest[1]), tuple(map(_str, rest[2])), _str(rest[3]),
-                                            bool(rest[4])))
+                                            bool(rest[4]), attrs))
         if tag == "A" and self.trusted:
             dtype, shape, stride, offset, count, device = rest
             base = torch.frombuffer(self.arena_map(), dtype=DTYPES[dtype], count=count, offset=offset) if count \
