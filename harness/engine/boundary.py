@@ -180,9 +180,16 @@ class PluginProcess:
     # -- calls -----------------------------------------------------------------------------------------------
     def call(self, handle: int, method: str, args: tuple, kwargs: dict, *, timeout_s: float,
              arg_names: tuple[str, ...] = (), owns_torch_rng: bool = False) -> Reply:
-        """One call, its inputs through the arena; the reply as it came, the inputs checked afterwards."""
+        """One call, its inputs through the arena; the reply as it came, the inputs checked afterwards.  The last
+        call's inputs are compared once more first: an implementation that left a thread writing into them after
+        it returned is caught here, before the arena is reused."""
         from harness.lm import TorchRng
 
+        if self.last_inputs is not None:
+            late, self.last_inputs = wire.changed_inputs(self.last_inputs), None
+            if late:
+                return Reply("violation", payload=f"changed its input {late[0]} after the call had returned (a thread "
+                                                  "it left running?): inputs must be left unchanged")
         while True:
             self.arena.reset()
             encoder = wire.Encoder(self.handle_of, self.arena, by_value=(_module_type(), TorchRng))
@@ -202,11 +209,11 @@ class PluginProcess:
                    **({"measure_memory": True} if meters else {}), **({"headroom": headroom} if headroom else {})}
         reply = self.request(("call", handle, method, positional, keywords, options), timeout_s + GRACE_S)
         reply.mutated = wire.changed_inputs(encoder)
+        self.last_inputs = None if reply.mutated else encoder  # a mutation is reported once, with this call
         memory = reply.extras.get("memory")
         if meters and isinstance(memory, tuple) and len(memory) == 2 and all(type(n) is int for n in memory):
             for meter in meters:
                 meter.add_remote(*memory)
-        self.last_inputs = encoder
         return reply
 
     def call_many(self, handle: int, calls: list[tuple], timeout_s: float) -> list[Reply]:

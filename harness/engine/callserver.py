@@ -57,6 +57,7 @@ def main(fd: int, parent: int, options: dict) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         if options.get("home"):
             plugin_uid(options["home"])
+        _unmark()
         if options.get("one_thread"):
             import torch
 
@@ -72,6 +73,19 @@ def main(fd: int, parent: int, options: dict) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+# What tells a process it is under test: the judge's environment and test frameworks.  Gone before the
+# implementation is imported (it may import them itself; then they are fresh, and say nothing of the judge).
+_TEST_MARKS = ("PYTEST_", "HYPOTHESIS", "HARNESS_", "CI", "GITHUB_", "TOX_", "_PYTEST")
+
+
+def _unmark() -> None:
+    for name in [n for n in os.environ if n.startswith(_TEST_MARKS)]:
+        del os.environ[name]
+    for name in [n for n in sys.modules if n.split(".")[0] in ("pytest", "_pytest", "hypothesis", "xdist",
+                                                                   "pluggy", "execnet")]:
+        del sys.modules[name]
 
 
 def _keep_only(fd: int) -> None:
@@ -167,7 +181,7 @@ class Server:
             impl = _load(Target(load["technique"], name=load.get("name"), plugin=load.get("plugin")))
         except BaseException as exc:  # noqa: BLE001 - a plugin that fails to load is a verdict, not a crash
             text = "".join(traceback.format_exception_only(exc)).strip()
-            where = _where(exc)
+            where = _where(exc, load.get("plugin"))
             self.send(("load_failed", f"{where}{text}"[-4000:]))
             return False
         info = _info(impl)
@@ -360,11 +374,13 @@ def _measured(fn, extras: dict):
     return measured
 
 
-def _where(exc: BaseException) -> str:
-    """'file:line: ' of a SyntaxError, or of the innermost frame of the plugin's own code."""
+def _where(exc: BaseException, plugin: str | None) -> str:
+    """'file:line: ' of a SyntaxError, else of the innermost frame in the plugin's file (or, for a module, outside
+    the harness and the libraries)."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}: "
     frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if "/harness/" not in f.filename and "importlib" not in f.filename]
+    path = os.path.abspath(plugin.rsplit(":", 1)[0]) if plugin and plugin.rsplit(":", 1)[0].endswith(".py") else ""
+    mine = [f for f in frames if os.path.abspath(f.filename) == path] or [
+        f for f in frames if not any(part in f.filename for part in ("/harness/", "importlib", "site-packages"))]
     return f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
-

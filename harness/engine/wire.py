@@ -222,7 +222,8 @@ def _harness_record(kind: type) -> bool:
         return False
     if issubclass(kind, tuple) and hasattr(kind, "_fields"):
         return True
-    return dataclasses.is_dataclass(kind) and (kind.__dataclass_params__.frozen or module.startswith("harness.contracts"))
+    frozen = dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen
+    return frozen or (dataclasses.is_dataclass(kind) and module.startswith("harness.contracts"))
 
 
 def changed_inputs(encoder: Encoder) -> list[str]:
