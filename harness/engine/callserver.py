@@ -57,6 +57,7 @@ def main(fd: int, parent: int, options: dict) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         if options.get("home"):
             plugin_uid(options["home"])
+            die_with_parent(parent)  # a change of user id clears the parent-death signal: set it again
         _unmark()
         if options.get("one_thread"):
             import torch
