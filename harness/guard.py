@@ -158,8 +158,8 @@ def _remote_call(fn: Any, args: tuple, kwargs: dict, key: int, *, timeout_s: flo
         reply = owner.process.call(owner.handle, method, args, kwargs, timeout_s=timeout_s, arg_names=arg_names,
                                    owns_torch_rng=owns_torch_rng)
     except Hung as exc:
-        _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s (the implementation's process " \
-                     "was killed)"
+        _hung[key] = (f"hung: no result within the per-call limit of {timeout_s:g} s (it caught the alarm or never "
+                      "returned to Python); its process group was killed")
         raise BoundaryFailure(_hung[key], hung=True) from exc
     except Crashed as exc:
         raise BoundaryFailure(str(exc)) from None

@@ -120,10 +120,16 @@ def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable
     try:
         job()
         send("done")
+    except Stopped as exc:
+        send("stopped", str(exc))
     except BaseException as exc:  # noqa: BLE001 - reported, then the child exits
         send("error", "".join(traceback.format_exception(exc))[-4000:])
     finally:
         conn.close()
+
+
+class Stopped(Exception):
+    """A job that cannot go on, and says why in the words of a stopped child ("crashed: ...", "error: ...")."""
 
 
 def _address_space() -> int:
@@ -169,6 +175,8 @@ class _Child:
                 if kind == "error":
                     return self._end(f"error: the checking process failed: {payload.strip().splitlines()[-1]}",
                                      detail=payload)
+                if kind == "stopped":
+                    return self._end(str(payload))
                 self.outcome.events.append((kind, payload))
                 on_event(self.key, kind, payload)
         except (EOFError, OSError, ValueError):  # the child died mid-message or closed its end

@@ -454,7 +454,7 @@ class RemoteRunner:
                 *entries, (_, drafted, misses) = entries
                 self.drafted, self._misses = (int(drafted[0]), int(drafted[1])), int(misses)
             if entries and entries[-1][0] == "raised":
-                raise wire.decode_exception(entries[-1])
+                raise wire.decode_exception(entries[-1][1])
         except (TypeError, ValueError, IndexError, wire.Malformed) as exc:
             raise self.process.crash(f"crashed: a malformed enumeration report ({exc})") from None
         if not probe and len(entries) != len(paths):

@@ -210,6 +210,10 @@ def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin
 
 
 def first_line(exc: BaseException) -> str:
+    from harness.guard import BoundaryFailure
+
+    if isinstance(exc, BoundaryFailure):  # "crashed: ...", "hung: ...": the words of a stopped process
+        return str(exc).strip().splitlines()[0][:400]
     if isinstance(exc, BaseExceptionGroup):  # Hypothesis found several distinct failures: name the first
         if len(exc.exceptions) == 1:
             return first_line(exc.exceptions[0])
@@ -355,7 +359,7 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
         elif kind == "note":
             progress.note(target, payload)
 
-    limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S)
+    limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S + 10)  # the judge's own wait on the import ends first
     outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
                                  on_tick=progress.tick)
     for target, outcome in outcomes.items():
@@ -460,7 +464,7 @@ def _start_child(target: Target, profile: str, one_thread: bool, trusted: bool =
 
     from harness.profiles import load
 
-    impl = _load(target) if trusted or trusted_in_process() else open_isolated(target, one_thread=one_thread)
+    impl = _load(target) if trusted or trusted_in_process() else _opened(target, one_thread)
     reporting.reporter.default = lambda value: None
     if one_thread:  # children share the cores: intra-op threads would only spin against each other
         import torch
@@ -469,6 +473,23 @@ def _start_child(target: Target, profile: str, one_thread: bool, trusted: bool =
     load(profile)
     isolation.send("impl", _info(impl))
     return impl
+
+
+def _opened(target: Target, one_thread: bool) -> Impl:
+    """`open_isolated`, its failures reported as the child's reason to stop (as when a plugin crashed or raised
+    while this process imported it)."""
+    from harness.guard import BoundaryFailure
+
+    try:
+        return open_isolated(target, one_thread=one_thread)
+    except BoundaryFailure as exc:
+        raise isolation.Stopped(str(exc)) from None
+    except LoadError as exc:
+        raise isolation.Stopped(f"error: {exc}") from None
+
+
+class LoadError(Exception):
+    """The implementation's process could not load the target: its import or its declaration raised."""
 
 
 def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
@@ -484,7 +505,7 @@ def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
         started = process.hello(IMPORT_LIMIT_S)
     except LoadFailed as exc:
         process.close()
-        raise RuntimeError(f"loading {target.label} failed: {exc}") from None
+        raise LoadError(f"loading {target.label} failed: {exc}") from None
     info = started.info
     fields = {k: info[k] for k in ("devices", "dtypes", "exact", "mutant", "killed_by", "bug", "cite", "caps",
                                    "source", "unavailable") if k in info}

@@ -3,7 +3,6 @@ happens to the implementation's process when the judge goes."""
 
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap

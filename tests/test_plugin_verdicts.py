@@ -26,7 +26,7 @@ EXPECTED = {  # attention plugin -> (status, what its message must say)
     "correct": ("pass", ""),
     "raises": ("FAIL", "raised RuntimeError: boom"),
     "hangs": ("FAIL", "hung: no result within the per-call limit of 1 s"),
-    "crashes": ("FAIL", "crashed: the checking process died with exit code 3"),
+    "crashes": ("FAIL", "crashed: the implementation's process exited with code 3"),
     "nan": ("FAIL", "returned a non-finite value"),
     "zeros": ("FAIL", "zeros vs float64 reference: max error"),
     "wrong_shape": ("FAIL", "wrong_shape output: returned shape (1, 1, 1, 1), expected (1, 1, 1, "),  # d is drawn
@@ -45,7 +45,7 @@ OTHERS = {  # technique -> (plugin, the property run, what its message must say)
                            "returned a tuple of 2, expected a tuple (dq, dk, dv)"),
     "paged_attention": ("paged_advances_seq_lens", "matches_contiguous_attention", "mutated its input seq_lens"),
     "kvcache": ("KVStepHangs", "prefill_then_steps_equal_forward", "hung: no result within the per-call limit of 1 s"),
-    "block_manager": ("BlockManagerKeepsTokens", "machine_bookkeeping", "the manager kept the caller's list"),
+    "block_manager": ("BlockManagerKeepsTokens", "machine_bookkeeping", "kept the caller's list"),
     "quantization": ("quantization_nan_scale", "all_zero_groups_give_zeros", "scale: returned a non-finite value"),
     "quantized_linear": ("linear_transposed", "matches_scheme_reference", "output: returned shape"),
     "speculative": ("speculative_extends_prompt", "matches_target_distribution",
@@ -137,8 +137,8 @@ def test_a_grandchild_does_not_keep_the_pipe_open(tmp_path):
 
 
 AT_IMPORT = {  # plugin module of tests/plugins/ -> what its verdict must say
-    "import_exits.py": "crashed: the checking process died with exit code 7 (while importing and registering it)",
-    "import_segfaults.py": "crashed: the checking process was killed by signal SIGSEGV (while importing",
+    "import_exits.py": "crashed: the implementation's process exited with code 7 (while importing and registering it)",
+    "import_segfaults.py": "crashed: the implementation's process was killed by signal SIGSEGV (while importing",
     "import_sleeps.py": "hung: not imported and registered within the import limit of 5 s (HARNESS_IMPORT_LIMIT_S) "
                         "(while importing",
 }

@@ -134,7 +134,11 @@ class PluginProcess:
 
     def hello(self, limit_s: float) -> Started:
         """Wait for the loaded implementation's declaration (or why loading failed)."""
-        msg = self.receive(time.monotonic() + limit_s)
+        try:
+            msg = self.receive(time.monotonic() + limit_s)
+        except Hung:
+            raise Hung(f"hung: not imported and registered within the import limit of {limit_s:g} s "
+                       "(HARNESS_IMPORT_LIMIT_S)") from None
         if msg[0] == "loaded":
             info = self.decoder.decode(msg[1])
             if not isinstance(info, dict):

@@ -18,6 +18,7 @@ answer, and the implementation could have written it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import inspect
@@ -34,6 +35,7 @@ from typing import Any
 
 from harness.engine import wire
 
+HANDED, HANDED_ITEMS = 256, 4096  # the latest lists handed over, up to this long, are watched for changes
 PLUGIN_UID_BASE = 1_000_000_000  # the implementation's uid when the harness runs as root: this + its pid
 PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2
@@ -172,6 +174,7 @@ class Server:
         self.ids = itertools.count(1 << 40)  # callbacks: never equal to the judge's request ids
         self.maps: list[mmap.mmap] = []
         self.sink_calls: list = []
+        self.handed: collections.deque = collections.deque(maxlen=HANDED)  # (list, its items, the method)
         self.decoder = wire.Decoder(self.resolve, trusted=True, arena_map=lambda: self.maps[-1])
 
     # -- loading ---------------------------------------------------------------------------------------------
@@ -252,7 +255,23 @@ class Server:
             if isinstance(cause, BaseException) and str(exc).startswith("raised "):
                 return "raised", wire.encode_exception(cause)
             return "violation", str(exc)
+        finally:
+            changed = self.hand_over(method, [*args, *kwargs.values()])
+        if changed:
+            return "violation", changed
         return "ok", self.encoder().encode(out)
+
+    def hand_over(self, method: str, args: list) -> str:
+        """The caller owns the lists it hands over: one the implementation kept and changed in a later call shows
+        here (in-process the caller's own list would have changed).  Remembers this call's lists; '' if none of
+        the earlier ones changed."""
+        for kept, items, where in self.handed:
+            if len(kept) != len(items) or tuple(kept) != items:
+                shown = repr(list(items))[:200], repr(kept)[:200]
+                return (f"the list {shown[0]} handed to {where} became {shown[1]}: the implementation kept the "
+                        "caller's list and changed it (inputs must be left unchanged; copy a list before keeping it)")
+        self.handed.extend((a, tuple(a), method) for a in args if type(a) is list and len(a) <= HANDED_ITEMS)
+        return ""
 
     def many(self, handle: int, groups: list, timeout_s: float) -> list:
         """Several calls of one object's methods, in order, under one alarm.  A group is ``(method, "call", args,
@@ -273,8 +292,14 @@ class Server:
             for method, form, *rest in groups:
                 call = getattr(target, method, None)
                 if form == "call":
-                    kind, value = one(call, self.decoder.decode(rest[0]), self.decoder.decode(rest[1]))
-                    out.append(("each", [(kind, encode(value) if kind == "ok" else wire.encode_exception(value))]))
+                    args, kwargs = self.decoder.decode(rest[0]), self.decoder.decode(rest[1])
+                    kind, value = one(call, args, kwargs)
+                    changed = self.hand_over(method, [*args, *kwargs.values()])
+                    if changed:
+                        kind, value = "violation", changed
+                    payload = encode(value) if kind == "ok" else value if kind == "violation" else \
+                        wire.encode_exception(value)
+                    out.append(("each", [(kind, payload)]))
                     continue
                 answers = [one(call, (self.decoder.decode(a),), {}) for a in rest[0]]
                 if all(k == "ok" and wire.atom_or_atoms(v) for k, v in answers):
