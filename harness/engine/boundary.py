@@ -40,7 +40,7 @@ from harness.engine.callserver import PLUGIN_UID_BASE
 from harness.guard import BoundaryFailure
 
 GRACE_S = 3.0  # past a call's own limit: the alarm inside the implementation's process gets the first chance
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 
 # Settings of the implementation's process for the calls made inside a `remote_context` block: torch's
 # intra-op threads (a determinism property runs a call at several counts), torch's global seed (a sampler that
@@ -114,7 +114,10 @@ class PluginProcess:
 
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         arena = wire.Arena()
-        home = tempfile.mkdtemp(prefix="harness-plugin-") if os.geteuid() == 0 else ""
+        root = os.geteuid() == 0
+        home = tempfile.mkdtemp(prefix="harness-plugin-") if root else ""
+        if not root:  # the implementation runs as this user: keep it out of this process's memory (/proc/pid/mem)
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         options = {"capture": capture, "memory_bytes": memory_bytes, "one_thread": one_thread, "load": load,
                    "home": home}
         if spawn is None:
