@@ -272,18 +272,30 @@ class _Enumerator:
     def explore_branches(self, ctx: tuple[int, ...], budget: int, stack: list, after_run=None) -> _Round:
         """Run the branches on ``stack`` of the round started at (ctx, budget) and every branch they reach,
         ``runner.batch`` at a time; ``after_run(found, state, stack)`` is called after each run and may take the
-        rest of the stack."""
+        rest of the stack.  A runner in another process gets the next batch before this one settles the last, so
+        the two processes work at once."""
         found = _Round()
         self.patterns = {}  # (last choice's depth, done, head, target calls, its weights) -> confirmed?
-        while stack:
+        overlap, pending = hasattr(self.runner, "start"), None
+        while stack or pending:
             taken = [stack.pop() for _ in range(min(len(stack), self.runner.batch))]
-            for (path, prob, confirm), r in zip(taken, self.runner.runs(ctx, budget, [t[0] for t in taken]),
-                                                strict=True):
-                found.runs += 1
-                self.settle(found, budget, path, prob, confirm, r.new, r.done, r.tokens, r.depth, r.calls, stack)
-                if after_run is not None:
-                    after_run(found, (ctx, budget), stack)
+            ticket = self.runner.start(ctx, budget, [t[0] for t in taken]) if overlap and taken else None
+            if pending is not None:
+                self.settle_batch(found, ctx, budget, *pending, stack, after_run)
+            pending = (taken, ticket) if overlap and taken else None
+            if not overlap:
+                self.settle_batch(found, ctx, budget, taken, None, stack, after_run)
         return found
+
+    def settle_batch(self, found: _Round, ctx: tuple[int, ...], budget: int, taken: list, ticket, stack: list,
+                     after_run) -> None:
+        results = self.runner.finish(ticket) if ticket is not None else self.runner.runs(ctx, budget,
+                                                                                        [t[0] for t in taken])
+        for (path, prob, confirm), r in zip(taken, results, strict=True):
+            found.runs += 1
+            self.settle(found, budget, path, prob, confirm, r.new, r.done, r.tokens, r.depth, r.calls, stack)
+            if after_run is not None:
+                after_run(found, (ctx, budget), stack)
 
     def settle(self, found: _Round, budget: int, path: list[int], prob: float, confirm, new: list, done: bool,
                tokens: tuple[int, ...], depth: int, calls: int, stack: list) -> None:

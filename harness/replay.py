@@ -433,30 +433,44 @@ class RemoteRunner:
         return self._misses
 
     def runs(self, ctx: tuple[int, ...], budget: int, paths: list[list[int]]) -> list[RunResult]:
-        entries = self._ask(ctx, budget, paths, probe=False)
+        return self.finish(self.start(ctx, budget, paths))
+
+    def start(self, ctx: tuple[int, ...], budget: int, paths: list[list[int]]) -> tuple:
+        """Send a batch; `finish` collects its runs (meanwhile the judge may settle the batch before)."""
+        setup, self.setup = self.setup, None
+        return self.process.post(("paths", self.session, setup, list(ctx), budget, paths, False)), paths
+
+    def finish(self, ticket: tuple) -> list[RunResult]:
+        rid, paths = ticket
+        entries = self._entries(self.process.wait(rid, self._limit(paths)), paths, probe=False)
         return [self._checked(e, path) for e, path in zip(entries, paths, strict=False)]
 
     def probe(self, ctx: tuple[int, ...]) -> None:
-        self._ask(ctx, 1, [], probe=True)
+        setup, self.setup = self.setup, None
+        rid = self.process.post(("paths", self.session, setup, list(ctx), 1, [], True))
+        self._entries(self.process.wait(rid, self._limit([])), [], probe=True)
 
-    def _ask(self, ctx, budget, paths, probe: bool) -> list:
+    def _limit(self, paths: list) -> float:
+        return self.process.call_limit_s * max(1, len(paths) // 64) + 3.0
+
+    def _entries(self, reply, paths: list, probe: bool) -> list:
         from harness.engine import wire
 
-        setup, self.setup = self.setup, None
-        reply = self.process.request(("paths", self.session, setup, list(ctx), budget, paths, probe),
-                                     self.process.call_limit_s * max(1, len(paths) // 64) + 3.0)
         entries = reply.value if reply.kind == "paths" else None
         if type(entries) is not list:
             raise self.process.crash("crashed: the implementation's process answered an enumeration batch with "
                                      "something else")
+        raised = None
         try:
             if entries and entries[-1][0] == "drafted":
                 *entries, (_, drafted, misses) = entries
                 self.drafted, self._misses = (int(drafted[0]), int(drafted[1])), int(misses)
             if entries and entries[-1][0] == "raised":
-                raise wire.decode_exception(entries[-1][1])
+                raised = wire.decode_exception(entries[-1][1])
         except (TypeError, ValueError, IndexError, wire.Malformed) as exc:
             raise self.process.crash(f"crashed: a malformed enumeration report ({exc})") from None
+        if raised is not None:  # what the sampler raised in a run: the enumeration stops with it, as here
+            raise raised
         if not probe and len(entries) != len(paths):
             raise self.process.crash("crashed: an enumeration report of the wrong length")
         return entries

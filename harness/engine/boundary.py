@@ -103,6 +103,8 @@ class PluginProcess:
         self.call_limit_s = 20.0  # its declared per-call limit, once loaded
         self.home = ""  # its home when it runs under a user id of its own
         self.last_inputs: wire.Encoder | None = None
+        self.posted: set[int] = set()  # requests sent whose replies have not been collected
+        self.early: dict[int, tuple] = {}  # replies that came while the judge waited for another
 
     # -- starting --------------------------------------------------------------------------------------------
     @classmethod
@@ -271,6 +273,11 @@ class PluginProcess:
         return reply.value
 
     def request(self, message: tuple, limit_s: float) -> Reply:
+        return self.wait(self.post(message), limit_s)
+
+    def post(self, message: tuple) -> int:
+        """Send a request without waiting for its reply (`wait` collects it): the judge's own work can overlap
+        the implementation's (an enumeration settles one batch of runs while the next is run)."""
         if self.dead:
             raise Crashed(self.dead)
         rid = next(self.ids)
@@ -278,15 +285,30 @@ class PluginProcess:
             self._send_arena()
         released, self.released = self.released, []
         self.send(("q", rid, released, *message))
+        self.posted.add(rid)
+        return rid
+
+    def wait(self, rid: int, limit_s: float) -> Reply:
+        """The reply to request ``rid``, serving the implementation's calls back meanwhile.  Anything that
+        interrupts the wait (a judge-side alarm, Ctrl-C) leaves the conversation unreadable: the process is ended."""
         deadline = time.monotonic() + limit_s
-        while True:
-            msg = self.receive(deadline)
-            if msg[0] == "r" and msg[1] == rid:
-                return self._reply(msg)
-            if msg[0] == "q":  # the implementation calls back into an object the judge handed it
-                self._serve(msg)
-                continue
-            raise self.crash(f"crashed: the implementation's process sent an unexpected {str(msg[0])[:40]!r} message")
+        try:
+            while rid not in self.early:
+                msg = self.receive(deadline)
+                if msg[0] == "r" and type(msg[1]) is int and msg[1] in self.posted:
+                    self.early[msg[1]] = msg
+                elif msg[0] == "q":  # the implementation calls back into an object the judge handed it
+                    self._serve(msg)
+                else:
+                    raise self.crash(f"crashed: the implementation's process sent an unexpected {str(msg[0])[:40]!r} "
+                                     "message")
+        except BaseException:
+            if not self.dead:
+                self.kill()
+                self.dead = "stopped: the judge stopped waiting for a reply"
+            raise
+        self.posted.discard(rid)
+        return self._reply(self.early.pop(rid))
 
     def _reply(self, msg: tuple) -> Reply:
         try:
