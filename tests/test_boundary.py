@@ -123,3 +123,35 @@ def test_an_input_mutated_through_the_arena_is_seen_by_the_judge():
     assert torch.equal(seen, q) and seen.stride() == q.stride() and wire.changed_inputs(encoder) == []
     seen[1, 1] += 1  # what the implementation's process would do to its view
     assert wire.changed_inputs(encoder) == ["q"]
+
+
+PARITY_LAWS = {  # technique -> a correctness law and its bad-input law, each quick on every implementation
+    "attention": ("scores_1000_999_998_10", "rejects_bad_input"),
+    "attention_backward": ("fully_masked_rows_give_zero_gradients", "rejects_bad_input"),
+    "block_manager": ("shared_prompt_copy_on_write", "rejects_bad_input"),
+    "kvcache": ("every_prefill_starts_a_new_batch", "bad_input_is_rejected"),
+    "paged_attention": ("rows_that_see_no_key_are_zero", "rejects_bad_input"),
+    "quantization": ("worked_example_4bit", "rejects_bad_input"),
+    "quantized_linear": ("all_zero_tokens_give_zeros", "rejects_bad_input"),
+    "speculative": ("greedy_matches_target_greedy", "rejects_bad_input"),
+}
+
+
+@pytest.mark.parametrize("technique", sorted(PARITY_LAWS))
+def test_honest_implementations_get_the_same_verdicts_both_ways(technique, monkeypatch):
+    """Every registered implementation of a technique, judged from outside its process and inside the judge's
+    (``--trusted-in-process``), through two of its laws: the boundary changes no honest verdict.  (The test suite
+    itself runs every law of every implementation across the boundary, expecting the verdicts they always had.)"""
+    from harness.registry import impls
+    from harness.runner import TRUSTED_IN_PROCESS, Target, check
+
+    targets = [Target(technique, name=impl.name) for impl in impls(technique)]
+
+    def statuses() -> dict[tuple[str, str], str]:
+        results = check(technique, targets, profile="ci", properties=list(PARITY_LAWS[technique]))
+        return {(r.name, v.property): v.status for r in results for v in r.verdicts}
+
+    isolated = statuses()
+    monkeypatch.setenv(TRUSTED_IN_PROCESS, "1")
+    assert statuses() == isolated
+    assert "pass" in isolated.values(), f"{technique}: nothing passed here: {isolated}"
