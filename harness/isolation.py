@@ -291,13 +291,5 @@ def run_all(jobs: list[tuple[Any, Callable[[], None]]], *, workers: int, limits:
     return done
 
 
-def probe(action: Callable[[], Any], *, limit_s: float, what: str) -> str | None:
-    """Run ``action`` in a child: None if it returned, else what happened (crash, exit, hang, exception)."""
-    outcome = run_all([("probe", action)], workers=1, limits=Limits(total_s=limit_s))["probe"]
-    if not outcome.stopped:
-        return None
-    return outcome.stopped.replace("the checking process", f"the process {what}")
-
-
 def events(outcome: Outcome, kind: str) -> Iterator[Any]:
     return (payload for k, payload in outcome.events if k == kind)

@@ -171,7 +171,7 @@ def test_an_entry_point_that_exits_at_import_does_not_take_list_or_pytest_down()
     asked = subprocess.run([sys.executable, "-m", "harness", "list", "quantization", "--entry-points", "all"],
                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert asked.returncode == 0 and "absmax" in asked.stdout, asked.stderr[-2000:]
-    assert "entry point exits = exits_on_import" in asked.stderr and "exit code 7" in asked.stderr, asked.stderr
+    assert "entry point exits = exits_on_import" in asked.stderr and "exited with code 7" in asked.stderr, asked.stderr
     suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_structure.py",
                             "-k", "capability"], capture_output=True, text=True, cwd=ROOT,
                            env={**env, "HARNESS_ENTRY_POINTS": "all"}, timeout=300)
@@ -185,3 +185,23 @@ def test_every_technique_reports_a_misbehaving_plugin(technique, tmp_path):
     verdicts = check(technique, [spec], prop, tmp_path)
     assert sorted(verdicts) == [spec], f"verdicts for {sorted(verdicts)}, expected {plugin}'s"
     assert_verdict(verdicts[spec], "FAIL", says, technique, prop, spec)
+
+
+def test_an_entry_point_is_listed_and_judged_but_never_imported_by_the_harness(tmp_path):
+    """Another distribution's implementation is described by a process of its own and judged in another: the
+    harness's own processes (the command, the judge) learn its name and declarations but never run its code."""
+    imported_by = tmp_path / "imported_by"
+    imported_by.touch(mode=0o666)  # the implementation's process may run as a user of its own
+    imported_by.chmod(0o666)
+    env = {**os.environ, "PYTHONPATH": str(IMPORTS / "registers_an_attention"), "IMPORTED_BY": str(imported_by),
+           "HARNESS_ENTRY_POINTS": "theirs"}
+    listed = subprocess.run([sys.executable, "-m", "harness", "list", "attention"], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=300)
+    assert listed.returncode == 0 and "theirs_sdpa" in listed.stdout, listed.stderr[-2000:]
+    command = subprocess.Popen([sys.executable, "-m", "harness", "check", "attention", "--impl", "theirs_sdpa",
+                                "--property", "matches_reference", "--jobs", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    output, _ = command.communicate(timeout=600)
+    assert command.returncode == 0 and "1 passed" in output, output[-2000:]
+    importers = {int(line) for line in imported_by.read_text().split()}
+    assert command.pid not in importers and listed.returncode == 0 and len(importers) >= 2

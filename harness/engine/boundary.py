@@ -137,6 +137,16 @@ class PluginProcess:
         process.home = home
         return process
 
+    def described(self, limit_s: float) -> list[dict]:
+        """What a `{"describe": module}` process found its module registers (plain records)."""
+        msg = self.receive(time.monotonic() + limit_s)
+        if msg[0] == "load_failed":
+            raise LoadFailed(str(msg[1]))
+        records = self.decoder.decode(msg[1]) if msg[0] == "described" else None
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise self.crash("crashed: the process importing it described something that is not a list of records")
+        return records
+
     def hello(self, limit_s: float) -> Started:
         """Wait for the loaded implementation's declaration (or why loading failed)."""
         try:

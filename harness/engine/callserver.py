@@ -179,10 +179,13 @@ class Server:
 
     # -- loading ---------------------------------------------------------------------------------------------
     def load(self, load: dict) -> bool:
+        from harness.registry import load_elsewhere
         from harness.runner import Target, _info, _load
 
+        if "describe" in load:
+            return self.describe(load["describe"])
         try:
-            impl = _load(Target(load["technique"], name=load.get("name"), plugin=load.get("plugin")))
+            impl = load_elsewhere(_load(Target(load["technique"], name=load.get("name"), plugin=load.get("plugin"))))
         except BaseException as exc:  # noqa: BLE001 - a plugin that fails to load is a verdict, not a crash
             text = "".join(traceback.format_exception_only(exc)).strip()
             where = _where(exc, load.get("plugin"))
@@ -193,6 +196,23 @@ class Server:
         info["methods"], info["type_name"] = self.methods(impl.fn), type(impl.fn).__name__
         self.send(("loaded", self.encoder().encode(info)))
         return True
+
+    def describe(self, module: str) -> bool:
+        """Import another distribution's module and say what it registered (the harness lists it from that)."""
+        import importlib
+
+        from harness.registry import REGISTRY
+        from harness.runner import _info
+
+        before = set(REGISTRY)
+        try:
+            importlib.import_module(module.split(":")[0])
+        except BaseException as exc:  # noqa: BLE001 - a module that fails to import is reported, not a crash
+            self.send(("load_failed", f"{_where(exc, None)}{''.join(traceback.format_exception_only(exc)).strip()}"))
+            return False
+        infos = [_info(REGISTRY[key]) for key in sorted(set(REGISTRY) - before)]
+        self.send(("described", self.encoder().encode(infos)))
+        return False
 
     # -- the loop --------------------------------------------------------------------------------------------
     def serve(self) -> None:
