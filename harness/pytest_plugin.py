@@ -66,8 +66,10 @@ _ISOLATED = pytest.StashKey["Isolated"]()
 
 
 class Isolated:
-    """The implementations' processes of this session: one per implementation, forked by the zygote on first use,
-    used by every property of it, and forked anew after one has died (a crash or a hang ends a test, not the rest)."""
+    """The implementations' processes of this session, forked by the zygote on first use and kept for the next
+    tests (the latest KEPT of them), forked anew after one has died (a crash or a hang ends a test, not the rest)."""
+
+    KEPT = 8  # each holds torch and its implementation: a few hundred MB, mostly shared with the zygote
 
     def __init__(self) -> None:
         from harness.engine.zygote import Zygote
@@ -79,12 +81,15 @@ class Isolated:
         from harness.runner import Target, open_isolated
 
         key = (technique, name, plugin)
-        impl = self.impls.get(key)
-        if impl is None or impl.fn.process.dead:
-            if impl is not None:
-                impl.fn.process.close()
-            impl = self.impls[key] = open_isolated(Target(technique, name=name, plugin=plugin), one_thread=True,
-                                                   spawn=self.zygote.spawn)
+        impl = self.impls.pop(key, None)
+        if impl is not None and impl.fn.process.dead:
+            impl.fn.process.close()
+            impl = None
+        if impl is None:
+            impl = open_isolated(Target(technique, name=name, plugin=plugin), one_thread=True, spawn=self.zygote.spawn)
+        self.impls[key] = impl  # the latest used last
+        while len(self.impls) > self.KEPT:
+            self.impls.pop(next(iter(self.impls))).fn.process.close()
         return impl
 
     def close(self) -> None:
@@ -156,14 +161,15 @@ def pytest_runtest_call(item: pytest.Item):
     technique = _technique_of(getattr(item, "module", None).__name__) if impl is not None else None
     known = technique and KNOWN_FAILURES.get((technique, impl.name, item.originalname.removeprefix("test_")))
     isolated = item.config.stash.get(_ISOLATED, None)
-    if technique and isolated is not None and _registered(impl):
-        item.funcargs["impl"] = isolated.impl(technique, name=impl.name)
+    spec = next((where for chosen, where in item.config.stash.get(_CHOSEN, {}).get(technique, []) if chosen is impl),
+                None)
+    if technique and isolated is not None:  # the implementation's process: kept from an earlier test, or new
+        item.funcargs["impl"] = isolated.impl(technique, plugin=spec) if spec else isolated.impl(technique,
+                                                                                               name=impl.name)
     with shrinking(item.obj, not known):
         try:
             return (yield)
         except BaseException as exc:
-            spec = next((where for chosen, where in item.config.stash.get(_CHOSEN, {}).get(technique, [])
-                         if chosen is impl), None)
             if spec:
                 _advise_the_harness_command(exc, technique, spec, item.originalname.removeprefix("test_"),
                                             item.config.stash[_PROFILE])
@@ -182,13 +188,6 @@ def _advise_the_harness_command(exc: BaseException, technique: str, spec: str, p
         if notes is not None:
             notes[:] = [n for n in notes if "@reproduce_failure" not in n]
     exc.add_note(f"Reproduce: {reproduce_command(technique, '', prop, profile, spec, blob)}")
-
-
-def _registered(impl) -> bool:
-    """A record of the registry (loaded here, as this project's own are), not one already in its own process."""
-    from harness.guard import is_remote
-
-    return not is_remote(impl.fn)
 
 
 def _technique_of(module: str) -> str | None:

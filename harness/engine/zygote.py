@@ -76,8 +76,10 @@ def _read_frame(sock: socket.socket, first: bytes = b"") -> bytes:
 def _serve(sock: socket.socket, parent: int) -> None:
     """The zygote's loop: fork on "spawn", report on "wait"; exit when the judge's end closes."""
     from harness.engine import callserver
+    from harness.registry import load_all
 
     die_with_parent(parent)
+    load_all()  # imported once here, not in every process forked from here (imports compute nothing)
     me, ended = os.getpid(), {}
     try:
         while True:
