@@ -104,6 +104,7 @@ class PluginProcess:
         self.home = ""  # its home when it runs under a user id of its own
         self.last_inputs: wire.Encoder | None = None
         self.posted: set[int] = set()  # requests sent whose replies have not been collected
+        self.sent: dict = {}  # models sent by value, by `wire.value_key`: named, not sent, the next time
         self.early: dict[int, tuple] = {}  # replies that came while the judge waited for another
 
     # -- starting --------------------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ class PluginProcess:
                                                   "it left running?): inputs must be left unchanged")
         while True:
             self.arena.reset()
-            encoder = wire.Encoder(self.handle_of, self.arena, by_value=(_module_type(), TorchRng))
+            encoder = wire.Encoder(self.handle_of, self.arena, by_value=(_module_type(), TorchRng), sent=self.sent)
             try:
                 named = {**{(arg_names[i] if i < len(arg_names) else f"argument {i}"): a
                             for i, a in enumerate(args)}, **kwargs}

@@ -25,6 +25,7 @@ import inspect
 import itertools
 import mmap
 import os
+import pickle
 import resource
 import socket
 import struct
@@ -175,7 +176,8 @@ class Server:
         self.maps: list[mmap.mmap] = []
         self.sink_calls: list = []
         self.handed: collections.deque = collections.deque(maxlen=HANDED)  # (list, its items, the method)
-        self.decoder = wire.Decoder(self.resolve, trusted=True, arena_map=lambda: self.maps[-1])
+        self.models: dict = {}  # key -> (model, the path it was sent as, its state then)
+        self.decoder = wire.Decoder(self.resolve, trusted=True, arena_map=lambda: self.maps[-1], values=self.value)
 
     # -- loading ---------------------------------------------------------------------------------------------
     def load(self, load: dict) -> bool:
@@ -276,7 +278,7 @@ class Server:
                 return "raised", wire.encode_exception(cause)
             return "violation", str(exc)
         finally:
-            changed = self.hand_over(method, [*args, *kwargs.values()])
+            changed = self.hand_over(method, [*args, *kwargs.values()]) or self.models_changed()
         if changed:
             return "violation", changed
         return "ok", self.encoder().encode(out)
@@ -339,6 +341,24 @@ class Server:
             return "ok", self.encoder().encode(getattr(self.objects[handle], name))
         except Exception as exc:  # noqa: BLE001 - the judge sees what reading it raised
             return "raised", wire.encode_exception(exc)
+
+    def value(self, key, pickled: bytes | None, path: str):
+        """An object the judge sent by value; a model is kept, and named by its key when sent again."""
+        if pickled is None:
+            return self.models[key][0]
+        obj = pickle.loads(pickled)  # from the judge
+        if key is not None:
+            self.models[key] = (obj, path, wire.module_state(obj))
+        return obj
+
+    def models_changed(self) -> str:
+        """'' unless a model the judge sent has changed (its weights replaced or written in place)."""
+        for obj, path, state in self.models.values():
+            now = wire.module_state(obj)
+            if now != state:
+                names = [a[0] for a, b in zip(state, now, strict=False) if a != b] or ["its parameters"]
+                return f"mutated its input {path}.{names[0]} (inputs must be left unchanged; a model's weights too)"
+        return ""
 
     # -- references ------------------------------------------------------------------------------------------
     def encoder(self) -> wire.Encoder:

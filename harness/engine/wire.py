@@ -145,8 +145,10 @@ class Encoder:
     ``arena`` (the judge's side only) carries input tensors; ``inputs`` collects (path, tensor, offset) of what
     went through the arena so the judge can compare after the call."""
 
-    def __init__(self, refs, arena: Arena | None = None, by_value: tuple[type, ...] = ()) -> None:
-        self.refs, self.arena, self.by_value = refs, arena, by_value
+    def __init__(self, refs, arena: Arena | None = None, by_value: tuple[type, ...] = (), sent: dict | None = None):
+        """``sent``: the judge's record of the models already sent (`value_key`); one sent before is named, not
+        sent again."""
+        self.refs, self.arena, self.by_value, self.sent = refs, arena, by_value, sent
         self.inputs: list[tuple[str, torch.Tensor, int]] = []
 
     def encode(self, value: Any, path: str = "input") -> Any:
@@ -186,7 +188,12 @@ class Encoder:
             return ("D", f"{kind.__module__}:{kind.__qualname__}",
                     [(k, self.encode(v, f"{path}.{k}")) for k, v in fields.items()])
         if self.by_value and isinstance(value, self.by_value):
-            return ("P", pickle.dumps(value, protocol=5))
+            key = value_key(value)
+            if key is not None and self.sent is not None and key in self.sent:
+                return ("P", key, None, path)
+            if key is not None and self.sent is not None:
+                self.sent[key] = value  # held: the key's id stays this object's
+            return ("P", key, pickle.dumps(value, protocol=5), path)
         spec = self.refs(value)
         return ("R", spec.owner, spec.handle, spec.methods, spec.type_name, spec.sink,
                 [(k, self.encode(v, f"{path}.{k}")) for k, v in spec.attrs])
@@ -211,6 +218,20 @@ class Encoder:
             self.arena.view(offset, t.dtype, flat.numel()).copy_(flat)
         self.inputs.append((path, t, offset))
         return ("A", dtype, list(t.shape), list(t.stride()), offset, flat.numel(), str(t.device))
+
+
+def value_key(value: Any) -> tuple | None:
+    """What says a model is the one sent before, unchanged: its identity and every parameter's and buffer's identity
+    and version (an in-place change bumps a tensor's version).  None: send it every time (a seeded rng, whose state
+    moves with every draw)."""
+    if not isinstance(value, torch.nn.Module):
+        return None
+    return (id(value), *((id(t), t._version) for t in value.state_dict(keep_vars=True).values()))
+
+
+def module_state(module: torch.nn.Module) -> tuple:
+    """The same fingerprint, over there: a decoder that changes its model's weights changes it."""
+    return tuple((name, id(t), t._version) for name, t in module.state_dict(keep_vars=True).items())
 
 
 def _harness_record(kind: type) -> bool:
@@ -252,8 +273,9 @@ class Decoder:
     """Rebuilds values from trees.  ``trusted`` (the implementation's side reading the judge) accepts pickled
     objects and arena tensors; the judge's decoder accepts neither and checks every tree it is given."""
 
-    def __init__(self, resolve_ref, *, trusted: bool, arena_map=None) -> None:
-        self.resolve_ref, self.trusted, self.arena_map = resolve_ref, trusted, arena_map
+    def __init__(self, resolve_ref, *, trusted: bool, arena_map=None, values=None) -> None:
+        """``values(key, pickled or None, path)``: the implementation's side keeps the models it was sent."""
+        self.resolve_ref, self.trusted, self.arena_map, self.values = resolve_ref, trusted, arena_map, values
 
     def decode(self, tree: Any, depth: int = 0) -> Any:
         if depth > 200:
@@ -315,7 +337,7 @@ class Decoder:
                 shape, stride, dtype=DTYPES[dtype])
             return t if device == "cpu" else t.to(device)
         if tag == "P" and self.trusted:
-            return pickle.loads(rest[0])
+            return self.values(*rest)
         raise Malformed(f"an unknown tag {tag!r}")
 
     def record(self, where: str, fields: list, depth: int) -> Any:
