@@ -12,8 +12,8 @@ from benchmarks.common import (
     DEVICES,
     KERNEL_HEAD_DIMS,
     KERNEL_LENGTHS,
+    checked_at_scale,
     cuda_seconds,
-    cuda_warm_up,
     impl_names,
     paper_shape,
     require,
@@ -49,7 +49,7 @@ class AttentionForward:
         self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g).to(self.device) for _ in range(3))
         self.causal = causal
         self.flops = 4 * B * H * N * N * d * (0.5 if causal else 1.0)  # two matmuls; causal halves the work
-        cuda_warm_up(self.device, lambda: self.time_forward(impl, device, shape, causal))
+        checked_at_scale(self.fn, self.q, self.k, self.v, causal=causal)
 
     def time_forward(self, impl, device, shape, causal):
         self.fn(self.q, self.k, self.v, causal=self.causal)
@@ -201,6 +201,7 @@ class KernelTflops:
         self.q, self.k, self.v = (torch.randn(B, H, N, d, generator=g, device=self.device, dtype=torch.bfloat16)
                                   for _ in range(3))
         self.causal = causal
+        checked_at_scale(self.fn, self.q, self.k, self.v, causal=causal)
         self.flops = 4 * B * H * N * N * d * (0.5 if causal else 1.0)
 
     def track_tflops(self, impl, device, N, d, causal):
@@ -222,7 +223,7 @@ class AttentionDecode:
         g = torch.Generator().manual_seed(0)
         self.q = torch.randn(1, 8, 1, 64, generator=g).to(self.device)
         self.k, self.v = (torch.randn(1, 8, Nk, 64, generator=g).to(self.device) for _ in range(2))
-        cuda_warm_up(self.device, lambda: self.time_decode(impl, device, Nk))
+        checked_at_scale(self.fn, self.q, self.k, self.v, causal=True)
 
     def time_decode(self, impl, device, Nk):
         self.fn(self.q, self.k, self.v, causal=True)

@@ -67,3 +67,62 @@ class ComparisonPower:
         return statistics.median(tally[fraction]["seconds"])
 
     track_seconds_per_comparison.unit = "s"
+
+
+class BoundaryCall:
+    """What the boundary between the judge and the implementation's process costs (harness/engine/boundary.py):
+    one small attention call (B=1, H=2, N=16, d=16, under the guard the properties use), one step of a block
+    manager (an allocate and a free, each bringing back the snapshot of the manager's observables), and one exact
+    enumeration (the standard sampler on a context table, V=6, gamma 2, T 3: ~2,000 runs in batches), in the
+    implementation's own process and in this one."""
+
+    params = [["attention", "block_manager_step", "enumeration"], ["isolated", "in_process"]]
+    param_names = ["case", "where"]
+
+    def setup(self, case, where):
+        require("harness.engine.boundary")
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as `harness check` runs both processes beside other checks: one thread each
+        technique, name = {"attention": ("attention", "naive"), "block_manager_step": ("block_manager", "simple"),
+                           "enumeration": ("speculative", "standard")}[case]
+        self.impl = _opened(technique, name, where)  # forked before this process computes anything
+        self.step = getattr(self, f"_{case}")()
+
+    def teardown(self, case, where):
+        torch.set_num_threads(self.threads)
+        if where == "isolated":
+            self.impl.fn.process.close()
+
+    def _attention(self):
+        from harness.contracts.attention import call
+
+        q = torch.randn(1, 2, 16, 16)
+        return lambda: call(self.impl, q, q, q, causal=True, scale=None)
+
+    def _block_manager_step(self):
+        from harness.contracts.block_manager import NullStorage, open_manager
+
+        manager, tokens = open_manager(self.impl, 64, 4, NullStorage(), timed=False), list(range(10))
+        return lambda: (manager.allocate(0, tokens), manager.free(0))
+
+    def _enumeration(self):
+        from harness.enumeration import exact_distribution
+        from harness.lm import TableLM
+        from harness.strategies.speculative import probability_table
+
+        g = torch.Generator().manual_seed(0)
+        target, draft = (TableLM(probability_table(6, 1, z, g)) for z in (0.0, 0.3))
+        return lambda: exact_distribution(self.impl.fn, target, draft, [0], gamma=2, T=3, workers=1)
+
+    def time_step(self, case, where):
+        self.step()
+
+
+def _opened(technique: str, name: str, where: str):
+    """The registered implementation, in its own process (as `harness check` runs it) or in this one."""
+    from harness.registry import get
+    from harness.runner import Target, open_isolated
+
+    if where == "in_process":
+        return get(technique, name)
+    return open_isolated(Target(technique, name=name), one_thread=True)

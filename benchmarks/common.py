@@ -76,7 +76,28 @@ def resolve_impl(technique: str, name: str, device: torch.device, dtype: str = "
         raise NotImplementedError(impl.unavailable)
     if device.type not in impl.devices or dtype not in impl.dtypes:
         raise NotImplementedError(f"{name} declares devices {impl.devices} and dtypes {impl.dtypes}")
+    if type(impl.fn).__name__ == "Elsewhere":  # another distribution's: timed from here, run in its own process
+        from harness.runner import Target, open_isolated
+
+        impl = open_isolated(Target(technique, name=name), one_thread=torch.get_num_threads() == 1)
     return _typed(impl)
+
+
+SPOT_ROWS = 64  # query rows of a benchmark-sized output compared with the float64 reference
+
+
+def checked_at_scale(fn, q, k, v, *, causal: bool):
+    """``fn(q, k, v)`` once at the benchmark's own size, ``SPOT_ROWS`` of its query rows (drawn with a fixed seed)
+    compared with the float64 reference within the earned bound: a kernel that is fast because it is wrong at
+    large sizes fails its benchmark (asv: failed) instead of getting a number.  Returns the output."""
+    from harness.references.attention import attention_rows
+    from harness.tolerance import assert_earned
+
+    out = fn(q, k, v, causal=causal)
+    rows = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:SPOT_ROWS].sort().values
+    truth, plain = attention_rows(q, k, v, rows, causal=causal)
+    assert_earned(out[:, :, rows].cpu(), truth, [plain], q.dtype, what=f"at benchmark size {tuple(q.shape)}")
+    return out
 
 
 def require(*modules: str) -> None:

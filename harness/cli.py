@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if getattr(args, "entry_points", None):
         enable_entry_points(args.entry_points.split(","))
+    if getattr(args, "trusted_in_process", False):
+        os.environ[runner.TRUSTED_IN_PROCESS] = "1"
     try:
         return args.func(args)
     except UsageError as exc:
@@ -121,6 +123,9 @@ def _common(p: argparse.ArgumentParser, json: bool = True) -> None:
     if json:
         p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON ('-': to stdout)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="implementations checked at once")
+    p.add_argument("--trusted-in-process", action="store_true",
+                   help="run the implementation inside the judge's own process: only for code you trust (a plugin "
+                        "there can change its own verdicts; by default it runs in a process of its own)")
     _entry_points(p)
 
 

@@ -72,96 +72,22 @@ import numpy as np
 import torch
 
 from harness import isolation
-from harness.lm import LM, check_distribution, check_probability
+from harness.guard import is_remote
+from harness.lm import LM
 from harness.progress import progress as progress_bar
-from harness.tolerance import PROBABILITY_SUM
+from harness.replay import (  # noqa: F401 - ReplayRng and DraftsPastBudget: part of this module's face
+    DraftsPastBudget,
+    PathRunner,
+    RemoteRunner,
+    ReplayRng,
+    RunResult,
+    _Clock,
+    check_output,
+    past_budget,
+    tokens_of,
+)
 
 NOTE_AFTER_S = 30.0  # an enumeration running longer prints where its time went
-
-
-class ReplayRng:
-    """Follows `path`; at each new choice takes the first possible outcome and records the choice in `new`
-    as (weights, chosen, token_row): the caller pushes the alternatives once the run has ended and
-    it knows which choices were the round's.  A replayed choice is a list lookup: no tensor is read until
-    the run goes past its recorded path.  ``eos`` is taken last among a token row's outcomes (a run that
-    ends the document tells nothing about the others); ``vocab_size`` marks a row of token probabilities.
-    """
-
-    __slots__ = ("path", "depth", "new", "eos", "vocab_size", "seconds")
-
-    def __init__(self, path: list[int], eos: int | None = None, vocab_size: int | None = None) -> None:
-        self.path, self.depth, self.new = path, 0, []
-        self.eos, self.vocab_size = eos, vocab_size
-        self.seconds = 0.0  # spent in this rng's draws: the enumerator's share of a run
-
-    def _choose(self, weights: list[float], token_row: bool) -> int:
-        """A choice past the recorded path: take the first possible outcome, record the choice (its other
-        outcomes are listed only if the run turns out to own it: a round-two draw is never branched)."""
-        chosen = next(i for i, w in enumerate(weights) if w > 0)
-        if token_row and chosen == self.eos:
-            chosen = next((i for i, w in enumerate(weights) if w > 0 and i != chosen), chosen)
-        self.new.append((weights, chosen, token_row))
-        self.depth += 1
-        return chosen
-
-    def categorical(self, probs: torch.Tensor) -> torch.Tensor:
-        start = time.perf_counter()
-        depth = self.depth
-        if probs.dim() == 1:
-            if depth < len(self.path):
-                self.depth = depth + 1
-                token = self.path[depth]
-            else:
-                weights = probs.tolist()
-                if not (min(weights, default=-1.0) >= 0 and abs(sum(weights) - 1) <= PROBABILITY_SUM):
-                    check_distribution(probs, "rng.categorical")  # raises, naming what is wrong
-                token = self._choose(weights, len(weights) == self.vocab_size)
-            self.seconds += time.perf_counter() - start
-            return _scalar(token)
-        if depth >= len(self.path):
-            check_distribution(probs, "rng.categorical")
-        rows = probs.reshape(-1, probs.shape[-1])  # (rows, V)
-        token_row = len(rows) == 1 and rows.shape[1] == self.vocab_size
-        tokens = torch.tensor([self._next(r.tolist(), token_row) for r in rows]).reshape(probs.shape[:-1])
-        self.seconds += time.perf_counter() - start
-        return tokens
-
-    def bernoulli(self, probs) -> torch.Tensor:
-        start = time.perf_counter()
-        depth = self.depth
-        one = type(probs) is float or isinstance(probs, torch.Tensor) and probs.dim() == 0
-        if one and depth < len(self.path):
-            self.depth = depth + 1
-            self.seconds += time.perf_counter() - start
-            return _BOOLS[self.path[depth]]
-        if type(probs) is float and 0.0 <= probs <= 1.0:  # one acceptance test, without tensor checks
-            pick = self._choose([1.0 - probs, probs], False)
-            self.seconds += time.perf_counter() - start
-            return _BOOLS[pick]
-        probs = torch.as_tensor(probs, dtype=torch.float64)
-        if depth >= len(self.path):
-            check_probability(probs, "rng.bernoulli")
-        picks = [bool(self._next((1.0 - x, x), False)) for x in probs.reshape(-1).tolist()]
-        self.seconds += time.perf_counter() - start
-        return _BOOLS[picks[0]] if probs.dim() == 0 else torch.tensor(picks).reshape(probs.shape)
-
-    def _next(self, weights, token_row: bool) -> int:
-        depth = self.depth
-        if depth < len(self.path):
-            self.depth = depth + 1
-            return self.path[depth]
-        return self._choose(list(weights), token_row)
-
-
-# Replays return shared 0-dim tensors: creating a fresh one costs more than the rest of a choice.
-_BOOLS = (torch.tensor(False), torch.tensor(True))
-_SCALARS: list[torch.Tensor] = []
-
-
-def _scalar(i: int) -> torch.Tensor:
-    while len(_SCALARS) <= i:
-        _SCALARS.append(torch.tensor(len(_SCALARS)))
-    return _SCALARS[i]
 
 
 def push_alternatives(stack: list, path: list[int], prob: float, new: list, upto: int) -> float:
@@ -188,152 +114,6 @@ def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Ha
         yield outcome, prob
 
 
-class _Cut(BaseException):  # BaseException: a sampler's `except Exception` must not swallow it
-    """Raised at the target call that starts round two: round one emitted ``emitted``; its choices are the
-    first ``depth``, its target calls ``calls``."""
-
-    def __init__(self, emitted: tuple[int, ...], depth: int, calls: int) -> None:
-        self.emitted, self.depth, self.calls = emitted, depth, calls
-
-
-class _PastBudget(BaseException):  # BaseException: a sampler's `except Exception` must not swallow it
-    """Raised at a round's target call that verifies more drafts than the round may emit."""
-
-    def __init__(self, drafted: int, budget: int) -> None:
-        self.drafted, self.budget = drafted, budget
-
-
-class _Run:
-    """The watch on the current run: target calls, and where each prefix was last called after the first
-    target call (the choices made by then, the target calls made by then)."""
-
-    __slots__ = ("prompt", "cut", "rng", "target_calls", "seen", "drafted", "budget_rule")
-
-    def __init__(self, budget_rule: bool = True) -> None:
-        self.drafted = (0, 0)  # (k, budget) of the round that drafted the furthest past its budget (k >= budget)
-        self.budget_rule = budget_rule  # a round drafting past its budget stops the enumeration (_PastBudget)
-
-    def start(self, prompt: tuple[int, ...], cut: bool, rng: ReplayRng) -> None:
-        self.prompt, self.cut, self.rng, self.target_calls, self.seen = prompt, cut, rng, 0, {}
-
-    def watch(self, xs: list[tuple[int, ...]], n: int, is_target: bool, budget: int) -> None:
-        """One model call on prefixes ``xs``; raises `_Cut` at a round boundary."""
-        calls = self.target_calls
-        if calls:
-            depth = self.rng.depth
-            for x in xs:
-                self.seen[x] = (depth, calls)
-            if is_target and self.cut:
-                self.boundary(xs, n)
-        elif is_target:
-            k = max(len(x) for x in xs) - len(self.prompt)  # the drafts a first target call verifies
-            if k > budget and self.budget_rule:
-                raise _PastBudget(k, budget)
-            if k >= budget and k - budget >= self.drafted[0] - self.drafted[1]:
-                self.drafted = (k, budget)
-        if is_target:
-            self.target_calls = calls + 1
-
-    def boundary(self, xs: list[tuple[int, ...]], n: int) -> None:
-        """A target call after the first: its prefixes' common head (all but the last n - 1 tokens) names
-        the tokens round one emitted, if round two started with a call on exactly that head."""
-        heads = {x[: len(x) - n + 1] for x in xs}
-        if len(heads) != 1:
-            return
-        head, P = heads.pop(), len(self.prompt)
-        if len(head) > P and head[:P] == self.prompt:
-            start = self.seen.get(head)  # round two's first call, on prompt + e
-            if start is not None and start[0] >= len(self.rng.path):
-                raise _Cut(head[P:], *start)
-
-
-class _Model:
-    """A model as the enumerated sampler sees it: memoized, and watched for the start of round two.
-
-    Each (prefix, n) reaches the model once.  A miss scores the prefix together with its siblings (the
-    same prefix ending in every other token) in one batched call: the enumeration visits every possible
-    token there, and one call over V rows costs about as much as one over a single row.
-    """
-
-    def __init__(self, lm: LM, run: _Run, is_target: bool, clock: _Clock) -> None:
-        self.lm, self.vocab_size, self.run, self.is_target, self.clock = lm, lm.vocab_size, run, is_target, clock
-        self.cache: dict[tuple[tuple[int, ...], int], torch.Tensor] = {}
-        self.misses = 0
-        self.budget = 0  # of the round state being explored
-
-    def __call__(self, prefixes, n=1):
-        start = time.perf_counter()
-        if len(prefixes) == 1:  # the common case, without building a list
-            key = (tuple(prefixes[0]), n)
-            self.run.watch([key[0]], n, self.is_target, self.budget)
-            row = self.cache.get(key)
-            if row is None:
-                self._fill(key[0], n)
-                row = self.cache[key]
-            self.clock.lookups += time.perf_counter() - start
-            return row  # (1, n, V)
-        xs = [tuple(x) for x in prefixes]
-        self.run.watch(xs, n, self.is_target, self.budget)
-        rows = []
-        for x in xs:
-            if (x, n) not in self.cache:
-                self._fill(x, n)
-            rows.append(self.cache[(x, n)])
-        self.clock.lookups += time.perf_counter() - start
-        return torch.cat(rows)  # (B, n, V)
-
-    def _fill(self, x: tuple[int, ...], n: int) -> None:
-        start = time.perf_counter()
-        siblings = [x[:-1] + (v,) for v in range(self.vocab_size)]
-        missing = [s for s in siblings if (s, n) not in self.cache]
-        self.misses += 1
-        scored = self.lm([list(s) for s in missing], n)  # (len(missing), n, V)
-        rows = [scored[i : i + 1] for i in range(len(missing))]  # (1, n, V) each
-        if _distributions(scored, self.vocab_size):  # checked here at once, not row by row by `validated`
-            for row in rows:
-                row.checked_distribution = True
-        self.cache.update(zip(((s, n) for s in missing), rows, strict=True))
-        self.clock.models += time.perf_counter() - start
-
-
-def _distributions(p, vocab_size: int) -> bool:
-    """Whether every row of p (B, n, V) is a distribution over vocab_size ids (a sampler's `validated` then
-    skips its own check of each row, which costs more than the whole batch's here)."""
-    if not (isinstance(p, torch.Tensor) and p.dtype == torch.float64 and p.device.type == "cpu" and p.dim() == 3
-            and p.shape[-1] == vocab_size and p.numel() and not p.requires_grad):
-        return False
-    a = p.numpy()
-    return bool(a.min() >= 0 and np.abs(a.sum(-1) - 1).max() <= PROBABILITY_SUM)
-
-
-@dataclass
-class _Clock:
-    """Where an enumeration's time goes: inside the models (misses), in the sampler's code (its runs less
-    the draws and memo lookups made for it) and in the enumerator (the rest of the busy time: draws,
-    lookups, bookkeeping, composition); summed over the processes, waiting on workers left out."""
-
-    models: float = 0.0
-    lookups: float = 0.0  # memo lookups, misses included (models is subtracted)
-    draws: float = 0.0
-    runs: float = 0.0  # inside sampler calls, all included
-    busy: float = 0.0  # a worker's time on its tasks
-    waiting: float = 0.0  # the parent's time waiting on workers
-
-    def add(self, other: _Clock) -> None:
-        self.models += other.models
-        self.lookups += other.lookups
-        self.draws += other.draws
-        self.runs += other.runs
-        self.busy += other.busy
-
-    def split(self, wall: float) -> dict[str, float]:
-        """Seconds of the sampler's own code, of model calls and of the enumerator, in an enumeration that
-        has run ``wall`` seconds in this process."""
-        sampler = max(0.0, self.runs - self.lookups - self.draws)
-        return {"sampler": sampler, "models": self.models,
-                "enumerator": max(0.0, wall - self.waiting + self.busy - sampler - self.models)}
-
-
 @dataclass
 class Enumeration:
     dist: dict[tuple[int, ...], float]  # first T output tokens -> exact probability
@@ -352,22 +132,6 @@ class Enumeration:
 
 class EnumerationTooSlow(AssertionError):
     """The enumeration ran past its deadline; the message says where the time went."""
-
-
-class DraftsPastBudget(AssertionError):
-    """A round drafted more tokens than it may emit: the contract's budget rule (harness/contracts/speculative.py)."""
-
-
-def past_budget(drafted: int, budget: int, vocab_size: int) -> DraftsPastBudget:
-    return DraftsPastBudget(
-        f"breaks the contract's budget rule: a round drafted {drafted} token(s) with {budget} left to emit "
-        f"(max_new_tokens - len(out)).  A draft past the budget is never emitted, costs a draft call, and "
-        f"multiplies the branches to enumerate by up to V = {vocab_size} (minutes on the tiny models): draft "
-        f"k = min(gamma, max_new_tokens - len(out) - 1) tokens, leaving room for the bonus token")
-
-
-def tokens_of(generation) -> list[int]:
-    return list(getattr(generation, "tokens", generation))
 
 
 # ~5 s of runs: below this a fork costs more than the second core saves (the workers' cold memos recompute
@@ -406,15 +170,13 @@ def exact_distribution(
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"exact_distribution: workers must be an int >= 1, got {workers!r}")
-    if not can_fork():  # the one check, for a default or a requested count alike
-        workers = 1
-
-    def call(t, d, ctx, budget, rng):
-        return sampler(t, d, ctx, gamma=gamma, max_new_tokens=budget, rng=rng, eos=eos, **kwargs)
+    if not can_fork() or is_remote(sampler):  # the one check, for a default or a requested count alike
+        workers = 1  # (a sampler in its own process runs its batches there: no fork of it from here)
 
     name = getattr(sampler, "__qualname__", repr(sampler))
-    enumerator = _Enumerator(call, target, draft, eos, merge, workers, parallel_after_runs, progress,
-                             _Deadline(name, deadline_s), budget_rule=budget_rule)
+    runner = runner_of(sampler, target, draft, eos, merge, budget_rule, dict(gamma=gamma, eos=eos, **kwargs))
+    enumerator = _Enumerator(runner, target, eos, merge, workers, parallel_after_runs, progress,
+                             _Deadline(name, deadline_s))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
@@ -428,6 +190,19 @@ def exact_distribution(
     return Enumeration(result, enumerator.runs, len(enumerator.table), enumerator.model_calls(), seconds,
                        enumerator.pool.n if enumerator.pool.started else 1, enumerator.settled,
                        enumerator.clock.split(seconds))
+
+
+def runner_of(sampler: Callable, target: LM, draft: LM | None, eos: int | None, merge: bool, budget_rule: bool,
+              kwargs: dict) -> Callable:
+    """What runs ``sampler`` along paths: here (`PathRunner`), or in the implementation's own process, in batches
+    (`RemoteRunner`, when ``sampler`` is a proxy of one: harness/engine/boundary.py)."""
+    if is_remote(sampler):
+        return lambda clock: RemoteRunner(sampler, target, draft, eos, merge, budget_rule, kwargs)
+
+    def call(t, d, ctx, budget, rng):
+        return sampler(t, d, ctx, max_new_tokens=budget, rng=rng, **kwargs)
+
+    return lambda clock: PathRunner(call, target, draft, eos, merge, budget_rule, clock)
 
 
 class _Deadline:
@@ -457,14 +232,13 @@ class _Enumerator:
     A round state is (tokens so far, budget left).  `round_of` visits its branches; `dist` composes its
     finished outputs with the distributions of the round states its cut runs lead to."""
 
-    def __init__(self, call: Callable, target: LM, draft: LM | None, eos: int | None, merge: bool, workers: int,
-                 parallel_after_runs: int, progress: bool, deadline: _Deadline, count_calls: bool = False,
-                 budget_rule: bool = True) -> None:
-        self.call, self.eos, self.merge, self.parallel_after_runs = call, eos, merge, parallel_after_runs
-        self.run, self.clock, self.deadline, self.count_calls = _Run(budget_rule), _Clock(), deadline, count_calls
+    def __init__(self, runner: Callable, target: LM, eos: int | None, merge: bool, workers: int,
+                 parallel_after_runs: int, progress: bool, deadline: _Deadline, count_calls: bool = False) -> None:
+        """``runner(clock)`` makes the `PathRunner` (or `RemoteRunner`) that runs the sampler along paths."""
+        self.eos, self.merge, self.parallel_after_runs = eos, merge, parallel_after_runs
+        self.clock, self.deadline, self.count_calls = _Clock(), deadline, count_calls
+        self.runner = runner(self.clock)
         self.patterns: dict[tuple, bool | None] = {}  # a round state's last-draw patterns -> confirmed by a run?
-        self.target = _Model(target, self.run, True, self.clock)
-        self.draft = _Model(draft, self.run, False, self.clock) if draft is not None else None
         self.vocab_size = target.vocab_size
         self.pool = _Workers(workers, self.task)
         self.rounds: dict[tuple[tuple[int, ...], int], _Round] = {}  # a round state's own runs
@@ -473,7 +247,7 @@ class _Enumerator:
         self.runs = self.worker_calls = self.settled = 0
 
     def misses(self) -> int:
-        return self.target.misses + (self.draft.misses if self.draft else 0)
+        return self.runner.misses()
 
     def model_calls(self) -> int:
         return self.misses() + self.worker_calls
@@ -488,46 +262,40 @@ class _Enumerator:
         part = max(split, key=split.get)
         if split[part] > 0:
             text += f"; the largest part: {_PARTS[part]} ({split[part] / sum(split.values()):.0%})"
-        if self.run.drafted[0]:
-            text += (f"; hint: a round drafted {self.run.drafted[0]} token(s) with {self.run.drafted[1]} left to emit "
+        drafted = self.runner.drafted
+        if drafted[0]:
+            text += (f"; hint: a round drafted {drafted[0]} token(s) with {drafted[1]} left to emit "
                      f"(a draft or bonus past max_new_tokens is never emitted but multiplies the branches by up to "
                      f"V = {self.vocab_size}): draft at most max_new_tokens - len(out) - 1")
         return text
 
-    def set_budget(self, budget: int) -> None:
-        self.target.budget = budget
-        if self.draft is not None:
-            self.draft.budget = budget
-
     def explore_branches(self, ctx: tuple[int, ...], budget: int, stack: list, after_run=None) -> _Round:
-        """Run the branches on ``stack`` of the round started at (ctx, budget) and every branch they reach;
-        ``after_run(found, state, stack)`` is called after each run and may take the rest of the stack."""
-        found, run, call, V, eos = _Round(), self.run, self.call, self.vocab_size, self.eos
+        """Run the branches on ``stack`` of the round started at (ctx, budget) and every branch they reach,
+        ``runner.batch`` at a time; ``after_run(found, state, stack)`` is called after each run and may take the
+        rest of the stack.  A runner in another process gets the next batch before this one settles the last, so
+        the two processes work at once."""
+        found = _Round()
         self.patterns = {}  # (last choice's depth, done, head, target calls, its weights) -> confirmed?
-        target, draft, clock = self.target, self.draft, self.clock
-        self.set_budget(budget)
-        while stack:
-            path, prob, confirm = stack.pop()
-            rng = ReplayRng(path, eos, V)
-            run.start(ctx, self.merge, rng)
-            given = list(ctx)
-            start = time.perf_counter()
-            try:
-                out = call(target, draft, given, budget, rng)
-                done, depth, calls = True, rng.depth, run.target_calls
-                tokens = check_output(tokens_of(out), budget, V, given, ctx)
-            except _Cut as cut:
-                done, tokens, depth, calls = False, cut.emitted, cut.depth, cut.calls
-                check_output([], budget, V, given, ctx)
-            except _PastBudget as past:
-                raise past_budget(past.drafted, past.budget, V) from None
-            clock.runs += time.perf_counter() - start
-            clock.draws += rng.seconds
+        overlap, pending = hasattr(self.runner, "start"), None
+        while stack or pending:
+            taken = [stack.pop() for _ in range(min(len(stack), self.runner.batch))]
+            ticket = self.runner.start(ctx, budget, [t[0] for t in taken]) if overlap and taken else None
+            if pending is not None:
+                self.settle_batch(found, ctx, budget, *pending, stack, after_run)
+            pending = (taken, ticket) if overlap and taken else None
+            if not overlap:
+                self.settle_batch(found, ctx, budget, taken, None, stack, after_run)
+        return found
+
+    def settle_batch(self, found: _Round, ctx: tuple[int, ...], budget: int, taken: list, ticket, stack: list,
+                     after_run) -> None:
+        results = self.runner.finish(ticket) if ticket is not None else self.runner.runs(ctx, budget,
+                                                                                        [t[0] for t in taken])
+        for (path, prob, confirm), r in zip(taken, results, strict=True):
             found.runs += 1
-            self.settle(found, budget, path, prob, confirm, rng.new, done, tokens, depth, calls, stack)
+            self.settle(found, budget, path, prob, confirm, r.new, r.done, r.tokens, r.depth, r.calls, stack)
             if after_run is not None:
                 after_run(found, (ctx, budget), stack)
-        return found
 
     def settle(self, found: _Round, budget: int, path: list[int], prob: float, confirm, new: list, done: bool,
                tokens: tuple[int, ...], depth: int, calls: int, stack: list) -> None:
@@ -672,16 +440,7 @@ class _Enumerator:
     def probe_budget(self, ctx: tuple[int, ...]) -> None:
         """One run from ``ctx`` with one token left: a sampler that drafts past its budget shows it here, at
         once, instead of in the last rounds of an enumeration whose first rounds may take minutes."""
-        rng = ReplayRng([], self.eos, self.vocab_size)
-        self.run.start(ctx, False, rng)
-        self.set_budget(1)
-        try:
-            self.call(self.target, self.draft, list(ctx), 1, rng)
-        except _PastBudget as past:
-            raise past_budget(past.drafted, past.budget, self.vocab_size) from None
-        except Exception:  # noqa: BLE001 - a probe only: the enumeration proper reports what the sampler raises
-            pass
-        self.run.drafted = (0, 0)  # the hint in slow notes is about the enumeration's own rounds
+        self.runner.probe(ctx)
 
     def dist(self, ctx: tuple[int, ...], budget: int) -> tuple[dict, dict]:
         """The distribution from round state (ctx, budget) as (outputs -> P, head -> P(head + (o,)) over o):
@@ -815,30 +574,11 @@ def first_round(
     """Exact distribution of (tokens emitted, target calls made) in the sampler's first round, its end read
     off the target calls as in `exact_distribution`."""
 
-    def call(t, d, ctx, b, rng):
-        return sampler(t, d, ctx, gamma=gamma, max_new_tokens=b, rng=rng, eos=eos)
-
-    enumerator = _Enumerator(call, target, draft, eos, True, 1, PARALLEL_AFTER_RUNS, False,
+    runner = runner_of(sampler, target, draft, eos, True, True, dict(gamma=gamma, eos=eos))
+    enumerator = _Enumerator(runner, target, eos, True, 1, PARALLEL_AFTER_RUNS, False,
                              _Deadline(getattr(sampler, "__qualname__", repr(sampler)), deadline_s), count_calls=True)
     found = enumerator.explore_branches(tuple(prompt), budget, [([], 1.0, None)], enumerator.after_run)
     return dict(found.calls)
-
-
-def check_output(tokens: list, budget: int, vocab_size: int, given: list, prompt: tuple) -> tuple[int, ...]:
-    """The tokens as a tuple, once they and the prompt list the sampler was given pass the contract."""
-    if tuple(given) != prompt:  # `ctx = prompt; ctx += ...`: the caller's prompt grows (a real aliasing bug)
-        raise AssertionError(f"mutated its input prompt: {list(prompt)} became {given} (inputs must be left "
-                             "unchanged; copy a list before extending it)")
-    if len(tokens) > budget:
-        raise AssertionError(f"sampler returned {len(tokens)} tokens, more than max_new_tokens={budget}")
-    if set(map(type, tokens)) <= _INT and (not tokens or 0 <= min(tokens) and max(tokens) < vocab_size):
-        return tuple(tokens)  # the fast path: no generator per run
-    if not all(isinstance(t, int) and 0 <= t < vocab_size for t in tokens):
-        raise AssertionError(f"sampler returned tokens {tokens} that are not ints in [0, {vocab_size})")
-    return tuple(tokens)
-
-
-_INT = {int}
 
 
 def settled_outcomes(weights: tuple[float, ...], skip: tuple) -> tuple[np.ndarray, int]:

@@ -32,6 +32,15 @@ class ContractViolation(AssertionError):
     """The implementation broke its contract (wrong shape/dtype, NaN, mutation, hang...)."""
 
 
+class BoundaryFailure(ContractViolation):
+    """The implementation's process hung, died or sent what the judge cannot read: reported as it is, never as
+    something a judge-side helper raised."""
+
+    def __init__(self, message: str, *, hung: bool = False) -> None:
+        super().__init__(message)
+        self.hung = hung
+
+
 def names_argument(message: str, *args: str) -> bool:
     """Whether an error message names one of ``args`` as a word ("q must be 4-d"), not as a letter inside
     another word (the "v" of "invalid shapes" names nothing)."""
@@ -40,7 +49,8 @@ def names_argument(message: str, *args: str) -> bool:
 
 def guarded_call(
     fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
-    hang_owner: Any = None, watch: dict[str, Any] | None = None, owns_torch_rng: bool = False, **kwargs: Any,
+    hang_owner: Any = None, watch: dict[str, Any] | None = None, owns_torch_rng: bool = False,
+    compare_tensors: bool = True, **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)``; check it returned in time and left its inputs and the global state alone.
 
@@ -51,14 +61,22 @@ def guarded_call(
     objects the call must leave alone without receiving them (a model a stateful decoder holds).  Global
     state (default dtype and device, grad mode, thread count, RNG states) must be as it was after the call;
     ``owns_torch_rng``: the contract hands torch's global RNG to the call (a sampler declaring rng="own").
+    ``fn`` in the implementation's process (a `Remote` proxy) is called there, under this guard, and its inputs
+    are compared by the judge (harness/engine/boundary.py); ``compare_tensors=False`` leaves input tensors to
+    that comparison (the implementation's process, whose tensors are views of the judge's arena).
     """
     key = id(hang_owner if hang_owner is not None else getattr(fn, "__func__", fn))
     if key in _hung:
         raise ContractViolation(_hung[key])
+    if _is_remote(fn):
+        return _remote_call(fn, args, kwargs, key, timeout_s=timeout_s, arg_names=arg_names,
+                            owns_torch_rng=owns_torch_rng, guarded=True)
+    if is_remote(hang_owner):  # a judge-side helper driving an implementation in its own process: each call is
+        return _helper_call(fn, args, kwargs, key, timeout_s)  # guarded over there; here only the time limit
     named = {**dict(zip(arg_names, args, strict=False)), **{f"argument {i}": a for i, a in enumerate(args)
                                                              if i >= len(arg_names)}, **kwargs, **(watch or {})}
     found = list(_inputs(named))  # one walk: a tensor mutated in place, a list or a config replaced, all show
-    before = [(path, t.clone()) for path, t in _tensors(found)]
+    before = [(path, t.clone()) for path, t in _tensors(found)] if compare_tensors else []
     lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
     configs = list(_configs(found))
     state = global_state(owns_torch_rng)
@@ -73,10 +91,14 @@ def guarded_call(
     changed = changed_state(state, global_state(owns_torch_rng))
     if "exc" in box:
         exc = box["exc"]
+        if isinstance(exc, BoundaryFailure):  # a call across the boundary inside a judge-side helper
+            if exc.hung:
+                _hung[key] = str(exc)
+            raise exc
         raise ContractViolation(_raised(exc)) from exc
     if changed:
         raise ContractViolation(f"changed global state: {changed} (a call must leave the process as it found it)")
-    for (path, old), (_, new) in zip(before, _tensors(found), strict=True):  # a module's state read afresh
+    for (path, old), (_, new) in zip(before, _tensors(found) if compare_tensors else (), strict=True):
         if not _same(old, new):
             raise ContractViolation(f"mutated its input {path} (inputs must be left unchanged)")
     for path, seq, old in lists:
@@ -88,6 +110,86 @@ def guarded_call(
             raise ContractViolation(f"changed its input {path} (inputs must be left unchanged; a model's "
                                     "configuration too)")
     return box["out"]
+
+
+def _helper_call(fn: Callable[..., Any], args: tuple, kwargs: dict, key: int, timeout_s: float) -> Any:
+    """A judge-side helper whose calls go to the implementation's process, under the per-call limit only: the
+    implementation's global state and inputs are not this process's (each call is compared over there)."""
+    isolation.set_deadline(timeout_s)
+    try:
+        box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
+    finally:
+        isolation.set_deadline(None)
+    if box is None:
+        _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
+        raise ContractViolation(_hung[key])
+    if "exc" in box:
+        exc = box["exc"]
+        if isinstance(exc, BoundaryFailure):
+            if exc.hung:
+                _hung[key] = str(exc)
+            raise exc
+        raise ContractViolation(_raised(exc)) from exc
+    return box["out"]
+
+
+def is_remote(obj: Any) -> bool:
+    """Whether ``obj`` lives in the implementation's process (harness/engine/boundary.py)."""
+    from harness.engine.boundary import Remote
+
+    return isinstance(obj, Remote)
+
+
+def _is_remote(fn: Any) -> bool:
+    from harness.engine.boundary import Remote, RemoteMethod
+
+    return isinstance(fn, Remote | RemoteMethod)
+
+
+def _remote_call(fn: Any, args: tuple, kwargs: dict, key: int, *, timeout_s: float, arg_names: tuple[str, ...],
+                 owns_torch_rng: bool, guarded: bool) -> Any:
+    """A call in the implementation's process.  ``guarded``: what the call raised becomes a ContractViolation
+    caused by it, as in-process; otherwise it is raised as it is (a direct call, e.g. a factory or a method of
+    an untimed manager)."""
+    from harness.engine.boundary import Crashed, Hung, Remote
+
+    owner, method = (fn, "__call__") if isinstance(fn, Remote) else (fn.owner, fn.name)
+    try:
+        reply = owner.process.call(owner.handle, method, args, kwargs, timeout_s=timeout_s, arg_names=arg_names,
+                                   owns_torch_rng=owns_torch_rng)
+    except Hung as exc:
+        _hung[key] = (f"hung: no result within the per-call limit of {timeout_s:g} s (it caught the alarm or never "
+                      "returned to Python); its process group was killed")
+        raise BoundaryFailure(_hung[key], hung=True) from exc
+    except Crashed as exc:
+        raise BoundaryFailure(str(exc)) from None
+    if reply.kind == "raised":
+        if not guarded:
+            raise reply.error
+        raise ContractViolation(_raised(reply.error)) from reply.error
+    if reply.kind == "violation":
+        if reply.payload.startswith("hung:"):
+            _hung[key] = reply.payload
+            owner.process.kill()
+            owner.process.dead = reply.payload
+            raise BoundaryFailure(reply.payload, hung=True)
+        raise ContractViolation(reply.payload)
+    if reply.mutated:
+        raise ContractViolation(f"mutated its input {reply.mutated[0]} (inputs must be left unchanged)")
+    return reply.value
+
+
+def call_unguarded(owner: Any, method: str, args: tuple, kwargs: dict) -> Any:
+    """A direct call of an object in the implementation's process (no guard around it on the judge's side): the
+    implementation's own per-call limit, what it raises raised here."""
+    from harness.engine.boundary import RemoteMethod
+
+    fn = owner if method == "__call__" else RemoteMethod(owner, method)
+    key = id(owner.process.impl_fn) if owner.process.impl_fn is not None else id(owner)
+    if key in _hung:
+        raise ContractViolation(_hung[key])
+    return _remote_call(fn, args, kwargs, key, timeout_s=owner.process.call_limit_s, arg_names=(),
+                        owns_torch_rng=False, guarded=False)
 
 
 class _Expired(BaseException):

@@ -94,10 +94,18 @@ def output_since(offset: int) -> tuple[str, int]:
     return (_tail(_capture, start=offset) if size > offset else ""), size
 
 
-def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None]) -> None:
+def capture_path() -> str:
+    """The file this child's output goes to ('' outside a child): the implementation's process appends to it."""
+    return _capture or os.devnull
+
+
+def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None], parent: int) -> None:
     global _channel, _deadline, _memory_limit, _capture
+    from harness.engine.boundary import die_with_parent
+
+    die_with_parent(parent)  # a killed harness takes its children along (they are in sessions of their own)
     os.setsid()  # its own session and process group: no terminal signals, one group to kill
-    out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
     # whatever stood in for sys.stdout in the parent (a notebook's stream, pytest's capture, redirect_stdout),
@@ -112,10 +120,16 @@ def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable
     try:
         job()
         send("done")
+    except Stopped as exc:
+        send("stopped", str(exc))
     except BaseException as exc:  # noqa: BLE001 - reported, then the child exits
         send("error", "".join(traceback.format_exception(exc))[-4000:])
     finally:
         conn.close()
+
+
+class Stopped(Exception):
+    """A job that cannot go on, and says why in the words of a stopped child ("crashed: ...", "error: ...")."""
 
 
 def _address_space() -> int:
@@ -143,8 +157,8 @@ class _Child:
         os.close(fd)
         parent_end, child_end = ctx.Pipe(duplex=False)
         self.conn = parent_end
-        self.proc = ctx.Process(target=_child_main, args=(child_end, self.deadline, self.capture, limits, job),
-                                daemon=True)
+        self.proc = ctx.Process(target=_child_main,
+                                args=(child_end, self.deadline, self.capture, limits, job, os.getpid()), daemon=True)
         self.proc.start()
         child_end.close()
         self.started = time.monotonic()
@@ -161,6 +175,8 @@ class _Child:
                 if kind == "error":
                     return self._end(f"error: the checking process failed: {payload.strip().splitlines()[-1]}",
                                      detail=payload)
+                if kind == "stopped":
+                    return self._end(str(payload))
                 self.outcome.events.append((kind, payload))
                 on_event(self.key, kind, payload)
         except (EOFError, OSError, ValueError):  # the child died mid-message or closed its end
@@ -273,14 +289,6 @@ def run_all(jobs: list[tuple[Any, Callable[[], None]]], *, workers: int, limits:
             child.cleanup()
         raise
     return done
-
-
-def probe(action: Callable[[], Any], *, limit_s: float, what: str) -> str | None:
-    """Run ``action`` in a child: None if it returned, else what happened (crash, exit, hang, exception)."""
-    outcome = run_all([("probe", action)], workers=1, limits=Limits(total_s=limit_s))["probe"]
-    if not outcome.stopped:
-        return None
-    return outcome.stopped.replace("the checking process", f"the process {what}")
 
 
 def events(outcome: Outcome, kind: str) -> Iterator[Any]:

@@ -10,6 +10,7 @@ on CUDA, `torch.cuda.max_memory_allocated` measures the same thing from the allo
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,26 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+# The meters entered in this context: a call in the implementation's process (harness/engine/boundary.py) is
+# measured there by a meter of its own, and its peak and largest allocation are added to these.
+METERS: contextvars.ContextVar[tuple] = contextvars.ContextVar("tensor_memory", default=())
+HEADROOM: contextvars.ContextVar[int | None] = contextvars.ContextVar("address_space_headroom", default=None)
+
 
 class TensorMemory(TorchDispatchMode):
     """``with TensorMemory() as mem: f()`` -> mem.peak (bytes live at once), mem.largest (one allocation)."""
+
+    def __enter__(self):
+        self._token = METERS.set((*METERS.get(), self))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        METERS.reset(self._token)
+        return super().__exit__(*exc)
+
+    def add_remote(self, peak: int, largest: int) -> None:
+        """A call measured in the implementation's process, while this meter was on."""
+        self.peak, self.largest = max(self.peak, self.live + peak), max(self.largest, largest)
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,7 +92,9 @@ def address_space_headroom(nbytes: int) -> Iterator[None]:
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    token = HEADROOM.set(nbytes)  # a call in the implementation's process gets the same headroom there
     try:
         yield
     finally:
+        HEADROOM.reset(token)
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

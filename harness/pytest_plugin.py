@@ -11,6 +11,12 @@ may be repeated (several implementations or techniques); ``--harness-profile dev
 Hypothesis profile (default ci).  Without ``--harness-impl`` a property is parametrized over the registered
 implementations of its technique (this project's own test suite).
 
+Each implementation runs in a process of its own, as under ``harness check`` (harness/engine/boundary.py): this
+pytest process is the judge and never imports the module ``--harness-impl`` names.  The processes are forked by
+a zygote this plugin starts at configure time, before any test has computed anything.
+``--harness-trusted-in-process`` (or HARNESS_TRUSTED_IN_PROCESS=1) runs them inside the pytest process instead:
+for one's own code only, where a crash may take the session down and the code can reach the judge.
+
 The plugin does nothing to a session that collects none of the harness's property modules.
 """
 
@@ -29,25 +35,72 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="check this implementation (a module attribute or FILE.py:ATTR), not the registered ones")
     group.addoption("--harness-profile", choices=PROFILES, default=None,
                     help="Hypothesis profile for the harness's properties (default: ci with --harness-impl)")
+    group.addoption("--harness-trusted-in-process", action="store_true",
+                    help="run implementations inside this pytest process: only for code you trust (by default each "
+                         "runs in a process of its own, which cannot reach the judge)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     from harness.profiles import load
+    from harness.runner import trusted_in_process
 
+    if not (config.getoption("--harness-trusted-in-process") or trusted_in_process()):
+        config.stash[_ISOLATED] = Isolated()  # the zygote forks now, before this process computes anything
     profile = config.getoption("--harness-profile") or ("ci" if config.getoption("--harness-impl") else None)
     if profile:
         load(profile, prefix="harness-")
     if config.getoption("--harness-impl"):
-        config.stash[_CHOSEN] = _chosen(config.getoption("--harness-impl"))
+        config.stash[_CHOSEN] = _chosen(config.getoption("--harness-impl"), config.stash.get(_ISOLATED, None))
         config.stash[_PROFILE] = profile
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    isolated = config.stash.get(_ISOLATED, None)
+    if isolated is not None:
+        isolated.close()
 
 
 _CHOSEN = pytest.StashKey[dict]()
 _PROFILE = pytest.StashKey[str]()
+_ISOLATED = pytest.StashKey["Isolated"]()
 
 
-def _chosen(specs: list[str]) -> dict:
-    """{technique: [Impl]} of the ``--harness-impl`` options; a usage error names the bad one."""
+class Isolated:
+    """The implementations' processes of this session, forked by the zygote on first use and kept for the next
+    tests (the latest KEPT of them), forked anew after one has died (a crash or a hang ends a test, not the rest)."""
+
+    KEPT = 8  # each holds torch and its implementation: a few hundred MB, mostly shared with the zygote
+
+    def __init__(self) -> None:
+        from harness.engine.zygote import Zygote
+
+        self.zygote = Zygote()
+        self.impls: dict = {}
+
+    def impl(self, technique: str, *, name: str | None = None, plugin: str | None = None):
+        from harness.runner import Target, open_isolated
+
+        key = (technique, name, plugin)
+        impl = self.impls.pop(key, None)
+        if impl is not None and impl.fn.process.dead:
+            impl.fn.process.close()
+            impl = None
+        if impl is None:
+            impl = open_isolated(Target(technique, name=name, plugin=plugin), one_thread=True, spawn=self.zygote.spawn)
+        self.impls[key] = impl  # the latest used last
+        while len(self.impls) > self.KEPT:
+            self.impls.pop(next(iter(self.impls))).fn.process.close()
+        return impl
+
+    def close(self) -> None:
+        for impl in self.impls.values():
+            impl.fn.process.close()
+        self.zygote.close()
+
+
+def _chosen(specs: list[str], isolated: Isolated | None) -> dict:
+    """{technique: [Impl]} of the ``--harness-impl`` options (each loaded in its own process, unless trusted); a
+    usage error names the bad one."""
     from harness.contracts import load_techniques
     from harness.plugins import load_plugin
 
@@ -63,7 +116,8 @@ def _chosen(specs: list[str]) -> dict:
             raise pytest.UsageError(f"--harness-impl must be TECHNIQUE=MODULE:ATTR with TECHNIQUE one of "
                                     f"{', '.join(sorted(load_techniques()))}; got {spec!r}")
         try:
-            chosen.setdefault(technique, []).append((load_plugin(where, technique), where))
+            impl = isolated.impl(technique, plugin=where) if isolated else load_plugin(where, technique)
+            chosen.setdefault(technique, []).append((impl, where))
         except Exception as exc:
             raise pytest.UsageError(f"--harness-impl {spec}: {type(exc).__name__}: {exc}") from exc
     return chosen
@@ -106,12 +160,16 @@ def pytest_runtest_call(item: pytest.Item):
     impl = getattr(getattr(item, "callspec", None), "params", {}).get("impl")
     technique = _technique_of(getattr(item, "module", None).__name__) if impl is not None else None
     known = technique and KNOWN_FAILURES.get((technique, impl.name, item.originalname.removeprefix("test_")))
+    isolated = item.config.stash.get(_ISOLATED, None)
+    spec = next((where for chosen, where in item.config.stash.get(_CHOSEN, {}).get(technique, []) if chosen is impl),
+                None)
+    if technique and isolated is not None:  # the implementation's process: kept from an earlier test, or new
+        item.funcargs["impl"] = isolated.impl(technique, plugin=spec) if spec else isolated.impl(technique,
+                                                                                               name=impl.name)
     with shrinking(item.obj, not known):
         try:
             return (yield)
         except BaseException as exc:
-            spec = next((where for chosen, where in item.config.stash.get(_CHOSEN, {}).get(technique, [])
-                         if chosen is impl), None)
             if spec:
                 _advise_the_harness_command(exc, technique, spec, item.originalname.removeprefix("test_"),
                                             item.config.stash[_PROFILE])

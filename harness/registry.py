@@ -186,18 +186,57 @@ def load_all() -> None:
     for ep in theirs:
         if "all" in _enabled or ep.name in _enabled or ep.value in _enabled:
             origin = f"entry point {ep.name} = {ep.value} (of {ep.dist.name if ep.dist else 'unknown'})"
-            failure = probe_import(ep.value)
-            if failure:
-                LOAD_ERRORS.append(f"{origin}: {failure}; skipped")
-            else:
-                _try_import(ep.value, origin=origin)
+            try:
+                for info in describe(ep.value):
+                    _register_elsewhere(ep.value, info)
+            except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the harness down
+                LOAD_ERRORS.append(f"{origin}: {exc}; skipped")
 
 
-def probe_import(module: str, limit_s: float = PROBE_LIMIT_S) -> str | None:
-    """Import ``module`` in a forked child that then exits: None if that worked, else what went wrong."""
-    from harness.isolation import probe
+class Elsewhere:
+    """The ``fn`` of an implementation from another distribution: it is imported and called only in a process of
+    its own (harness/engine/boundary.py), never in the harness's; here it is a name and what it declared."""
 
-    return probe(lambda: importlib.import_module(module.split(":")[0]), limit_s=limit_s, what="importing it")
+    def __init__(self, module: str, technique: str, name: str) -> None:
+        self.module, self.technique, self.name = module, technique, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self.name} comes from {self.module}, another distribution: it runs only in a process "
+                           f"of its own (python -m harness check {self.technique} --impl {self.name})")
+
+
+def describe(module: str, limit_s: float = PROBE_LIMIT_S) -> list[dict]:
+    """What importing ``module`` registers, learned in a process of its own (which then ends): the records'
+    declarations, read as plain data.  RuntimeError saying what went wrong (a crash, an exit, a hang)."""
+    from harness.engine.boundary import LoadFailed, PluginProcess
+    from harness.guard import BoundaryFailure
+
+    process = PluginProcess.start({"describe": module}, capture=os.devnull)
+    try:
+        return process.described(limit_s)
+    except (LoadFailed, BoundaryFailure) as exc:
+        raise RuntimeError(str(exc).replace("the implementation's process", "the process importing it")) from None
+    finally:
+        process.close()
+
+
+def _register_elsewhere(module: str, info: dict) -> None:
+    fields = {k: info[k] for k in FIELDS if k in info and k != "caps"}
+    record = make_impl(str(info["technique"]), str(info["name"]), Elsewhere(module, info["technique"], info["name"]),
+                       caps=info.get("caps", {}), **fields)
+    if (record.technique, record.name) not in REGISTRY:
+        REGISTRY[(record.technique, record.name)] = record
+
+
+def load_elsewhere(record: Impl) -> Impl:
+    """In the implementation's own process: import the distribution that registered ``record`` and return what it
+    registered under that name."""
+    if isinstance(record.fn, Elsewhere):
+        for key in [k for k, r in REGISTRY.items() if isinstance(r.fn, Elsewhere) and r.fn.module == record.fn.module]:
+            del REGISTRY[key]
+        importlib.import_module(record.fn.module.split(":")[0])
+        return REGISTRY[(record.technique, record.name)]
+    return record
 
 
 def _try_import(module: str, *, origin: str) -> None:

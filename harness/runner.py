@@ -210,6 +210,10 @@ def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin
 
 
 def first_line(exc: BaseException) -> str:
+    from harness.guard import BoundaryFailure
+
+    if isinstance(exc, BoundaryFailure):  # "crashed: ...", "hung: ...": the words of a stopped process
+        return str(exc).strip().splitlines()[0][:400]
     if isinstance(exc, BaseExceptionGroup):  # Hypothesis found several distinct failures: name the first
         if len(exc.exceptions) == 1:
             return first_line(exc.exceptions[0])
@@ -324,6 +328,15 @@ def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progr
     return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
 
 
+# Set (to "1") by `--trusted-in-process` and `--harness-trusted-in-process`: the implementation runs in the judge's
+# own process, where it could change its own verdicts -- for one's own code, never for code under judgement.
+TRUSTED_IN_PROCESS = "HARNESS_TRUSTED_IN_PROCESS"
+
+
+def trusted_in_process() -> bool:
+    return os.environ.get(TRUSTED_IN_PROCESS) == "1"
+
+
 # Importing a plugin and registering it (torch, transformers, a JIT build) takes seconds; a module that sleeps
 # or blocks at import is stopped here, not at the per-implementation limit of its whole check.
 IMPORT_LIMIT_S = float(os.environ.get("HARNESS_IMPORT_LIMIT_S", "180"))
@@ -346,7 +359,7 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
         elif kind == "note":
             progress.note(target, payload)
 
-    limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S)
+    limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S + 10)  # the judge's own wait on the import ends first
     outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
                                  on_tick=progress.tick)
     for target, outcome in outcomes.items():
@@ -443,20 +456,61 @@ def _mutant_in_child(target: Target, names: list[str], profile: str, all_propert
                 all_properties=all_properties)
 
 
-def _start_child(target: Target, profile: str, one_thread: bool) -> Impl:
-    """Quiet Hypothesis's own printing (the verdict carries the example), load the profile and the target."""
+def _start_child(target: Target, profile: str, one_thread: bool, trusted: bool = False) -> Impl:
+    """Start the implementation's process (before this process computes anything), quiet Hypothesis's own
+    printing (the verdict carries the example), load the profile; the target is loaded over there, or here
+    when ``trusted`` (the in-process path, for one's own code)."""
     from hypothesis import reporting
 
     from harness.profiles import load
 
+    impl = _load(target) if trusted or trusted_in_process() else _opened(target, one_thread)
     reporting.reporter.default = lambda value: None
     if one_thread:  # children share the cores: intra-op threads would only spin against each other
         import torch
 
         torch.set_num_threads(1)
     load(profile)
-    impl = _load(target)
     isolation.send("impl", _info(impl))
+    return impl
+
+
+def _opened(target: Target, one_thread: bool) -> Impl:
+    """`open_isolated`, its failures reported as the child's reason to stop (as when a plugin crashed or raised
+    while this process imported it)."""
+    from harness.guard import BoundaryFailure
+
+    try:
+        return open_isolated(target, one_thread=one_thread)
+    except BoundaryFailure as exc:
+        raise isolation.Stopped(str(exc)) from None
+    except LoadError as exc:
+        raise isolation.Stopped(f"error: {exc}") from None
+
+
+class LoadError(Exception):
+    """The implementation's process could not load the target: its import or its declaration raised."""
+
+
+def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
+    """The target loaded in a process of its own (harness/engine/boundary.py); here, a record of what it declared
+    whose ``fn`` is a proxy.  RuntimeError naming the file, line and exception when loading it failed."""
+    from harness.engine.boundary import LoadFailed, PluginProcess
+    from harness.registry import make_impl
+
+    load = {"technique": target.technique, "name": target.name, "plugin": target.plugin}
+    process = PluginProcess.start(load, capture=isolation.capture_path(), memory_bytes=isolation.memory_limit(),
+                                  one_thread=one_thread, spawn=spawn)
+    try:
+        started = process.hello(IMPORT_LIMIT_S)
+    except LoadFailed as exc:
+        process.close()
+        raise LoadError(f"loading {target.label} failed: {exc}") from None
+    info = started.info
+    fields = {k: info[k] for k in ("devices", "dtypes", "exact", "mutant", "killed_by", "bug", "cite", "caps",
+                                   "source", "unavailable") if k in info}
+    impl = make_impl(str(info["technique"]), str(info["name"]), started.fn, **fields)
+    process.impl_fn, process.call_limit_s = started.fn, impl.caps.call_limit_s
     return impl
 
 

@@ -100,7 +100,11 @@ class Prefixes:
 class ShadowStorage:
     """The caller's KV storage: slots hold the prefix id each token's KV was computed from; None = never written.
     ``trace`` keeps every call, in order (the replay compares it); ``overwritten`` the prefix ids of full blocks a
-    write, copy or swap-in replaced (candidate evictions)."""
+    write, copy or swap-in replaced (candidate evictions).  A sink (harness/engine/wire.py): a manager in the
+    implementation's process has its storage calls replayed here when its call returns, so a write's block count
+    is read after the call that made it (a write into a shared block leaves it shared: the same finding)."""
+
+    harness_sink = True
 
     def __init__(self, geometry: PoolGeometry, kv_of):
         B = geometry.block_size

@@ -26,7 +26,7 @@ EXPECTED = {  # attention plugin -> (status, what its message must say)
     "correct": ("pass", ""),
     "raises": ("FAIL", "raised RuntimeError: boom"),
     "hangs": ("FAIL", "hung: no result within the per-call limit of 1 s"),
-    "crashes": ("FAIL", "crashed: the checking process died with exit code 3"),
+    "crashes": ("FAIL", "crashed: the implementation's process exited with code 3"),
     "nan": ("FAIL", "returned a non-finite value"),
     "zeros": ("FAIL", "zeros vs float64 reference: max error"),
     "wrong_shape": ("FAIL", "wrong_shape output: returned shape (1, 1, 1, 1), expected (1, 1, 1, "),  # d is drawn
@@ -45,7 +45,7 @@ OTHERS = {  # technique -> (plugin, the property run, what its message must say)
                            "returned a tuple of 2, expected a tuple (dq, dk, dv)"),
     "paged_attention": ("paged_advances_seq_lens", "matches_contiguous_attention", "mutated its input seq_lens"),
     "kvcache": ("KVStepHangs", "prefill_then_steps_equal_forward", "hung: no result within the per-call limit of 1 s"),
-    "block_manager": ("BlockManagerKeepsTokens", "machine_bookkeeping", "the manager kept the caller's list"),
+    "block_manager": ("BlockManagerKeepsTokens", "machine_bookkeeping", "kept the caller's list"),
     "quantization": ("quantization_nan_scale", "all_zero_groups_give_zeros", "scale: returned a non-finite value"),
     "quantized_linear": ("linear_transposed", "matches_scheme_reference", "output: returned shape"),
     "speculative": ("speculative_extends_prompt", "matches_target_distribution",
@@ -137,8 +137,8 @@ def test_a_grandchild_does_not_keep_the_pipe_open(tmp_path):
 
 
 AT_IMPORT = {  # plugin module of tests/plugins/ -> what its verdict must say
-    "import_exits.py": "crashed: the checking process died with exit code 7 (while importing and registering it)",
-    "import_segfaults.py": "crashed: the checking process was killed by signal SIGSEGV (while importing",
+    "import_exits.py": "crashed: the implementation's process exited with code 7 (while importing and registering it)",
+    "import_segfaults.py": "crashed: the implementation's process was killed by signal SIGSEGV (while importing",
     "import_sleeps.py": "hung: not imported and registered within the import limit of 5 s (HARNESS_IMPORT_LIMIT_S) "
                         "(while importing",
 }
@@ -171,7 +171,7 @@ def test_an_entry_point_that_exits_at_import_does_not_take_list_or_pytest_down()
     asked = subprocess.run([sys.executable, "-m", "harness", "list", "quantization", "--entry-points", "all"],
                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert asked.returncode == 0 and "absmax" in asked.stdout, asked.stderr[-2000:]
-    assert "entry point exits = exits_on_import" in asked.stderr and "exit code 7" in asked.stderr, asked.stderr
+    assert "entry point exits = exits_on_import" in asked.stderr and "exited with code 7" in asked.stderr, asked.stderr
     suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_structure.py",
                             "-k", "capability"], capture_output=True, text=True, cwd=ROOT,
                            env={**env, "HARNESS_ENTRY_POINTS": "all"}, timeout=300)
@@ -185,3 +185,23 @@ def test_every_technique_reports_a_misbehaving_plugin(technique, tmp_path):
     verdicts = check(technique, [spec], prop, tmp_path)
     assert sorted(verdicts) == [spec], f"verdicts for {sorted(verdicts)}, expected {plugin}'s"
     assert_verdict(verdicts[spec], "FAIL", says, technique, prop, spec)
+
+
+def test_an_entry_point_is_listed_and_judged_but_never_imported_by_the_harness(tmp_path):
+    """Another distribution's implementation is described by a process of its own and judged in another: the
+    harness's own processes (the command, the judge) learn its name and declarations but never run its code."""
+    imported_by = tmp_path / "imported_by"
+    imported_by.touch(mode=0o666)  # the implementation's process may run as a user of its own
+    imported_by.chmod(0o666)
+    env = {**os.environ, "PYTHONPATH": str(IMPORTS / "registers_an_attention"), "IMPORTED_BY": str(imported_by),
+           "HARNESS_ENTRY_POINTS": "theirs"}
+    listed = subprocess.run([sys.executable, "-m", "harness", "list", "attention"], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=300)
+    assert listed.returncode == 0 and "theirs_sdpa" in listed.stdout, listed.stderr[-2000:]
+    command = subprocess.Popen([sys.executable, "-m", "harness", "check", "attention", "--impl", "theirs_sdpa",
+                                "--property", "matches_reference", "--jobs", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    output, _ = command.communicate(timeout=600)
+    assert command.returncode == 0 and "1 passed" in output, output[-2000:]
+    importers = {int(line) for line in imported_by.read_text().split()}
+    assert command.pid not in importers and listed.returncode == 0 and len(importers) >= 2

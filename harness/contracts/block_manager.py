@@ -59,7 +59,7 @@ from typing import Any, Protocol
 
 from harness.capabilities import Caps, cap
 from harness.contracts import Technique, define
-from harness.guard import ContractViolation, call_limit, guarded_call
+from harness.guard import ContractViolation, call_limit, guarded_call, is_remote
 from harness.registry import Impl
 
 
@@ -98,7 +98,11 @@ class KVStorage(Protocol):
 
 
 class NullStorage:
-    """Storage that keeps nothing: for bookkeeping-only runs (the serving simulator)."""
+    """Storage that keeps nothing: for bookkeeping-only runs (the serving simulator).  Its methods return
+    nothing and read nothing back, so a manager in the implementation's process records its calls and the
+    judge replays them when the manager's call returns (``harness_sink``: one message, not one per write)."""
+
+    harness_sink = True
 
     def write(self, block, offset, seq_id, position):
         pass
@@ -170,7 +174,87 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
     missing = [m for m in METHODS if not callable(getattr(manager, m, None))]
     if missing:
         raise ContractViolation(f"{impl.name}: the manager lacks the contract's method(s) {missing}")
+    if is_remote(manager):
+        manager = Observed(manager, num_blocks, call_limit(impl))
     return TimedManager(impl, manager) if timed else manager
+
+
+QUERIES = ("block_table", "is_swapped", "num_tokens", "ref_count", "num_free_blocks", "num_free_cpu_blocks",
+           "lookup_prefix")
+SNAPSHOT_BLOCKS = 4096  # pools up to this size have every block's count in a step's snapshot
+RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
+                     # cache through the lookups of its latest prompts before and after every step)
+
+
+class Observed:
+    """A manager in the implementation's process, its queries (which change nothing, says the contract) answered
+    from one snapshot per state: a call that changes the state brings back, in its reply, every block's count, the
+    free counts, each known sequence's table, swap flag and length, and the latest lookups again
+    (`PluginProcess.call_many`); other queries are asked once per state.  A state machine asks ~10^5 queries per
+    program: one message each would cost more than the manager's own work."""
+
+    def __init__(self, manager: Any, num_blocks: int, limit_s: float) -> None:
+        self._m, self._blocks, self._limit = manager, num_blocks, limit_s
+        self._seqs: dict = {}  # seq ids the caller named, in order
+        self._lookups: dict = {}  # token lists the caller looked up, the latest last
+        self._answers: dict | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in QUERIES:
+            return lambda *args: self._query(name, args)
+        method = getattr(self._m, name)
+        if not callable(method):
+            return method
+
+        def changes(*args: Any, **kwargs: Any) -> Any:
+            for a in args[:2]:
+                if is_int(a):
+                    self._seqs.setdefault(a)
+            snapshot = self._snapshot()
+            replies = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot], self._limit)
+            reply = replies[0]
+            if name == "free" and reply.kind == "ok" and args:
+                self._seqs.pop(args[0], None)  # its queries now raise: asked one by one, if ever
+            self._answers = self._keyed(snapshot, replies[1:])
+            if reply.kind == "raised":
+                raise reply.error
+            if reply.kind != "ok":
+                raise ContractViolation(reply.payload)
+            return reply.value
+
+        return changes
+
+    def _query(self, name: str, args: tuple) -> Any:
+        if self._answers is None:
+            self._answers = self._fetch(self._snapshot())
+        key = (name, tuple(tuple(a) if isinstance(a, list) else a for a in args))
+        if name == "lookup_prefix" and len(args) == 1 and isinstance(args[0], list | tuple):
+            self._lookups.pop(key[1][0], None)
+            self._lookups[key[1][0]] = None
+        if key not in self._answers:
+            self._answers.update(self._fetch([(name, args)]))
+        reply = self._answers[key]
+        if reply.kind == "raised":
+            raise reply.error
+        if reply.kind != "ok":
+            raise ContractViolation(reply.payload)
+        return list(reply.value) if isinstance(reply.value, list) else reply.value  # the caller's own list
+
+    def _snapshot(self) -> list[tuple[str, tuple]]:
+        calls = [("num_free_blocks", ()), ("num_free_cpu_blocks", ())]
+        if self._blocks <= SNAPSHOT_BLOCKS:
+            calls += [("ref_count", (b,)) for b in range(self._blocks)]
+        recent = list(self._lookups)[-RECENT_LOOKUPS:]
+        return calls + [(q, (s,)) for s in self._seqs for q in ("block_table", "is_swapped", "num_tokens")] + [
+            ("lookup_prefix", (list(t),)) for t in recent]
+
+    def _fetch(self, calls: list[tuple[str, tuple]]) -> dict:
+        return self._keyed(calls, self._m.process.call_many(self._m.handle, calls, self._limit))
+
+    @staticmethod
+    def _keyed(calls: list[tuple[str, tuple]], replies: list) -> dict:
+        return {(name, tuple(tuple(a) if isinstance(a, list) else a for a in args)): reply
+                for (name, args), reply in zip(calls, replies, strict=True)}
 
 
 def guarded_batch(impl: Impl, fn: Any) -> Any:

@@ -211,3 +211,22 @@ def attention_lse_plain(q, k, v, *, causal: bool = False, scale: float | None = 
     m2 = torch.where(torch.isfinite(m2), m2, 0)  # rows that see no key: log2(0) = -inf below
     base2 = (torch.exp2(s2 - m2).sum(dim=-1, keepdim=True).log2() + m2) * math.log(2)
     return [torch.logsumexp(s, dim=-1).reshape(q.shape[:-1]) for s in orders] + [base2.reshape(q.shape[:-1])]
+
+
+def attention_rows(q, k, v, rows: torch.Tensor, *, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 truth and the plain result in q's dtype of the query ``rows`` of attention(q, k, v) (default
+    scale, bottom-right causal alignment): a benchmark-sized output checked row by row without its whole score
+    matrix in float64."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    visible = torch.arange(Nk)[None, :] <= rows[:, None] + Nk - Nq if causal else torch.ones(len(rows), Nk,
+                                                                                               dtype=torch.bool)
+
+    def computed(dtype: torch.dtype) -> torch.Tensor:
+        qs = q[:, :, rows].cpu().to(dtype)  # (B, H, R, d)
+        ks, vs = (t.cpu().to(dtype).repeat_interleave(group, dim=1) for t in (k, v))  # (B, H, Nk, d)
+        s = (qs @ ks.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, H, R, Nk)
+        p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
+        return torch.where(visible.any(-1, keepdim=True), p, 0) @ vs  # (B, H, R, d)
+
+    return computed(torch.float64), computed(q.dtype)

@@ -1,0 +1,528 @@
+"""The judge's side of the boundary: the implementation's process, and the proxies the properties call.
+
+The judge never imports the code it judges.  `PluginProcess.start` forks a process (from a process that has
+computed nothing yet: the judge's child before its first case, or a zygote) that loads the implementation and
+serves calls (harness/engine/callserver.py).  The judge builds an `Impl` record from what that process
+declares, with ``fn`` a `Remote` proxy: calling it is a message; what comes back is copied into the judge's
+memory through harness/engine/wire.py.  The judge keeps every input and checks, itself, after each call:
+
+* the call's reply within its limit (else the process is killed: ``hung``), the process alive (else ``crashed``,
+  with its exit status), the reply well formed (else ``crashed: ... malformed``);
+* the inputs unchanged: the shared arena holding the implementation's view of each input tensor is compared with
+  the judge's own copy.
+
+The process is started with PR_SET_PDEATHSIG: it never outlives the process that started it; the judge ends its
+process group (the implementation's own children included) when it is done or the call hung.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import itertools
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from harness.engine import wire
+from harness.engine.callserver import PLUGIN_UID_BASE
+from harness.guard import BoundaryFailure
+
+GRACE_S = 3.0  # past a call's own limit: the alarm inside the implementation's process gets the first chance
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+
+# Settings of the implementation's process for the calls made inside a `remote_context` block: torch's
+# intra-op threads (a determinism property runs a call at several counts), torch's global seed (a sampler that
+# owns torch's RNG gets the same seed in every run of a determinism check).
+_context: contextvars.ContextVar[tuple] = contextvars.ContextVar("remote_context", default=())
+
+
+@contextlib.contextmanager
+def remote_context(**settings: Any) -> Iterator[None]:
+    token = _context.set((*_context.get(), *settings.items()))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class Crashed(BoundaryFailure):
+    """The implementation's process died, or sent something the judge cannot read."""
+
+
+class Hung(BoundaryFailure):
+    """No reply within the call's limit: the implementation's process was killed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hung=True)
+
+
+def die_with_parent(parent: int) -> None:
+    """In a freshly forked child: SIGKILL when the parent dies (the OS's guarantee), and exit now if it
+    already did (the fork raced its death)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(70)
+
+
+@dataclass
+class Started:
+    """What the implementation's process said once it had loaded the implementation."""
+
+    info: dict  # name, technique, mutant, caps, ... as runner._info builds them
+    fn: Any  # the Remote proxy of the loaded object
+
+
+class PluginProcess:
+    """One implementation's process and the judge's end of the conversation with it."""
+
+    def __init__(self, conn: Connection, pid: int, capture: str, arena: wire.Arena, waiter: Callable[[], str]) -> None:
+        self.conn, self.pid, self.capture, self.arena, self.waiter = conn, pid, capture, arena, waiter
+        self.refs: dict[int, Any] = {}  # the judge's objects the implementation holds references to
+        self.ref_ids: dict[int, int] = {}  # id(obj) -> handle
+        self.next_handle = itertools.count(1)
+        self.ids = itertools.count(1)
+        self.released: list[int] = []  # handles of the implementation's objects the judge dropped
+        self.proxies: weakref.WeakValueDictionary[int, Remote] = weakref.WeakValueDictionary()
+        self.dead = ""  # why it stopped, once it has
+        self.arena_generation = -1  # the implementation's process has no arena yet: sent with the first request
+        self.decoder = wire.Decoder(self.resolve, trusted=False)
+        self.impl_fn: Any = None  # the proxy of the loaded implementation (hangs are charged to it)
+        self.call_limit_s = 20.0  # its declared per-call limit, once loaded
+        self.home = ""  # its home when it runs under a user id of its own
+        self.last_inputs: wire.Encoder | None = None
+        self.posted: set[int] = set()  # requests sent whose replies have not been collected
+        self.sent: dict = {}  # models sent by value, by `wire.value_key`: named, not sent, the next time
+        self.early: dict[int, tuple] = {}  # replies that came while the judge waited for another
+
+    # -- starting --------------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, load: dict, *, capture: str, memory_bytes: int = 0, one_thread: bool = False,
+              spawn: Callable | None = None) -> PluginProcess:
+        """Fork the implementation's process (or ask ``spawn``, a zygote, to) and let it load ``load``
+        (``{"technique", "name"}`` or ``{"technique", "plugin"}``)."""
+        from harness.engine import callserver
+
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        arena = wire.Arena()
+        root = os.geteuid() == 0
+        home = tempfile.mkdtemp(prefix="harness-plugin-") if root else ""
+        if not root:  # the implementation runs as this user: keep it out of this process's memory (/proc/pid/mem)
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        options = {"capture": capture, "memory_bytes": memory_bytes, "one_thread": one_thread, "load": load,
+                   "home": home}
+        if spawn is None:
+            parent = os.getpid()
+            pid = os.fork()
+            if pid == 0:  # the implementation's process: never returns
+                mine.close()
+                callserver.main(theirs.detach(), parent, options)
+            waiter = lambda: _wait_child(pid)  # noqa: E731
+        else:
+            pid, waiter = spawn(theirs.fileno(), options)
+        theirs.close()
+        conn = Connection(mine.detach())
+        process = cls(conn, pid, capture, arena, waiter)
+        process.home = home
+        return process
+
+    def described(self, limit_s: float) -> list[dict]:
+        """What a `{"describe": module}` process found its module registers (plain records)."""
+        msg = self.receive(time.monotonic() + limit_s)
+        if msg[0] == "load_failed":
+            raise LoadFailed(str(msg[1]))
+        records = self.decoder.decode(msg[1]) if msg[0] == "described" else None
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise self.crash("crashed: the process importing it described something that is not a list of records")
+        return records
+
+    def hello(self, limit_s: float) -> Started:
+        """Wait for the loaded implementation's declaration (or why loading failed)."""
+        try:
+            msg = self.receive(time.monotonic() + limit_s)
+        except Hung:
+            raise Hung(f"hung: not imported and registered within the import limit of {limit_s:g} s "
+                       "(HARNESS_IMPORT_LIMIT_S)") from None
+        if msg[0] == "loaded":
+            info = self.decoder.decode(msg[1])
+            if not isinstance(info, dict):
+                raise Crashed("the implementation's process declared something that is not a record")
+            return Started(info, self.resolve(wire.RefSpec("impl", 0, tuple(info.pop("methods", ())),
+                                                           str(info.get("type_name", "")))))
+        if msg[0] == "load_failed":
+            raise LoadFailed(str(msg[1]))
+        raise Crashed(f"the implementation's process sent {msg[0]!r} before declaring the implementation")
+
+    # -- references ------------------------------------------------------------------------------------------
+    def resolve(self, spec: wire.RefSpec) -> Any:
+        if spec.owner == "judge":
+            try:
+                return self.refs[spec.handle]
+            except KeyError:
+                raise wire.Malformed(f"a reference to judge object {spec.handle}, which it never handed over") from None
+        if spec.owner != "impl":
+            raise wire.Malformed(f"a reference owned by {spec.owner!r}")
+        proxy = self.proxies.get(spec.handle)
+        if proxy is None:  # one proxy per object over there: the object is released when the last one dies
+            if spec.handle in self.released:
+                self.released.remove(spec.handle)  # dropped, but not released yet: it lives on
+            proxy = self.proxies[spec.handle] = Remote(self, spec.handle, spec.methods, spec.type_name)
+        return proxy
+
+    def handle_of(self, obj: Any) -> wire.RefSpec:
+        """A judge object the implementation will hold by reference (an LM it calls, a storage it writes to)."""
+        if isinstance(obj, Remote):
+            if obj.process is not self:
+                raise TypeError("an object of another implementation's process cannot be passed here")
+            return wire.RefSpec("impl", obj.handle, obj.methods, obj.type_name)
+        handle = self.ref_ids.get(id(obj))
+        if handle is None:
+            handle = next(self.next_handle)
+            self.refs[handle], self.ref_ids[id(obj)] = obj, handle
+        public = [(n, getattr(obj, n, None)) for n in dir(obj) if not n.startswith("_")]
+        methods = tuple(n for n, v in public if callable(v)) + (("__call__",) if callable(obj) else ())
+        attrs = tuple((n, v) for n, v in public if type(v) in wire.PLAIN_ATOMS or isinstance(v, torch.dtype))
+        return wire.RefSpec("judge", handle, methods, type(obj).__name__, bool(getattr(obj, "harness_sink", False)),
+                            attrs)
+
+    # -- calls -----------------------------------------------------------------------------------------------
+    def call(self, handle: int, method: str, args: tuple, kwargs: dict, *, timeout_s: float,
+             arg_names: tuple[str, ...] = (), owns_torch_rng: bool = False) -> Reply:
+        """One call, its inputs through the arena; the reply as it came, the inputs checked afterwards.  The last
+        call's inputs are compared once more first: an implementation that left a thread writing into them after
+        it returned is caught here, before the arena is reused."""
+        from harness.lm import TorchRng
+
+        if self.last_inputs is not None:
+            late, self.last_inputs = wire.changed_inputs(self.last_inputs), None
+            if late:
+                return Reply("violation", payload=f"changed its input {late[0]} after the call had returned (a thread "
+                                                  "it left running?): inputs must be left unchanged")
+        while True:
+            self.arena.reset()
+            encoder = wire.Encoder(self.handle_of, self.arena, by_value=(_module_type(), TorchRng), sent=self.sent)
+            try:
+                named = {**{(arg_names[i] if i < len(arg_names) else f"argument {i}"): a
+                            for i, a in enumerate(args)}, **kwargs}
+                trees = {k: encoder.encode(v, k) for k, v in named.items()}
+                break
+            except wire.ArenaFull as full:
+                self.arena.grow(full.needed)
+        positional = [trees[k] for k in list(named)[: len(args)]]
+        keywords = [(k, trees[k]) for k in list(named)[len(args):]]
+        from harness.memory import HEADROOM, METERS
+
+        meters, headroom = METERS.get(), HEADROOM.get()
+        options = {"timeout_s": timeout_s, "owns_torch_rng": owns_torch_rng, **dict(_context.get()),
+                   **({"measure_memory": True} if meters else {}), **({"headroom": headroom} if headroom else {})}
+        reply = self.request(("call", handle, method, positional, keywords, options), timeout_s + GRACE_S)
+        reply.mutated = wire.changed_inputs(encoder)
+        self.last_inputs = None if reply.mutated else encoder  # a mutation is reported once, with this call
+        memory = reply.extras.get("memory")
+        if meters and isinstance(memory, tuple) and len(memory) == 2 and all(type(n) is int for n in memory):
+            for meter in meters:
+                meter.add_remote(*memory)
+        return reply
+
+    def call_many(self, handle: int, calls: list[tuple], timeout_s: float) -> list[Reply]:
+        """Several calls ``(method, args[, kwargs])`` of one object's methods in one message, in order, under one
+        limit (a manager's step and its observables after it), each reply as `call` gives it; inputs copied.
+        Runs of one method over single plain arguments travel as one list, and so do their plain answers."""
+        encoder, groups, sizes = wire.Encoder(self.handle_of, None), [], []
+        for method, args, *kwargs in calls:
+            single = not (kwargs and kwargs[0]) and len(args) == 1 and type(args[0]) in (int, str)
+            if single and groups and groups[-1][0] == method and groups[-1][1] == "each":
+                groups[-1][2].append(args[0])
+                sizes[-1] += 1
+            elif single:
+                groups.append((method, "each", [args[0]]))
+                sizes.append(1)
+            else:
+                groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(*kwargs))))
+                sizes.append(1)
+        reply = self.request(("many", handle, groups, timeout_s), timeout_s + GRACE_S)
+        replies = [r for group in reply.value for r in group] if reply.kind == "many" else []
+        if len(replies) != len(calls) or [len(g) for g in reply.value] != sizes:
+            raise self.crash("crashed: the implementation's process answered a batch of calls with something else")
+        return replies
+
+    def _group(self, entry: Any) -> list[Reply]:
+        form, payload = entry
+        if form == "atoms":
+            values = wire._seq(payload, list)
+            if not all(wire.atom_or_atoms(v) for v in values):
+                raise wire.Malformed("a list of atoms holds something else")
+            return [Reply("ok", value=v) for v in values]
+        if form == "violation":
+            return [Reply("violation", payload=str(payload)[:4000])]
+        return [self._one(e) for e in wire._seq(payload, list)]
+
+    def _one(self, entry: Any) -> Reply:
+        kind, payload = entry
+        if kind == "ok":
+            return Reply("ok", value=self.decoder.decode(payload))
+        if kind == "raised":
+            return Reply("raised", error=wire.decode_exception(payload))
+        return Reply("violation", payload=str(payload)[:4000])
+
+    def getattr(self, handle: int, name: str, timeout_s: float) -> Any:
+        reply = self.request(("getattr", handle, name), timeout_s + GRACE_S)
+        if reply.kind != "ok":
+            raise reply.exception() if reply.kind == "raised" else AttributeError(reply.payload)
+        return reply.value
+
+    def request(self, message: tuple, limit_s: float) -> Reply:
+        return self.wait(self.post(message), limit_s)
+
+    def post(self, message: tuple) -> int:
+        """Send a request without waiting for its reply (`wait` collects it): the judge's own work can overlap
+        the implementation's (an enumeration settles one batch of runs while the next is run)."""
+        if self.dead:
+            raise Crashed(self.dead)
+        rid = next(self.ids)
+        if self.arena.generation != self.arena_generation:
+            self._send_arena()
+        released, self.released = self.released, []
+        self.send(("q", rid, released, *message))
+        self.posted.add(rid)
+        return rid
+
+    def wait(self, rid: int, limit_s: float) -> Reply:
+        """The reply to request ``rid``, serving the implementation's calls back meanwhile.  Anything that
+        interrupts the wait (a judge-side alarm, Ctrl-C) leaves the conversation unreadable: the process is ended."""
+        deadline = time.monotonic() + limit_s
+        try:
+            while rid not in self.early:
+                msg = self.receive(deadline)
+                if msg[0] == "r" and type(msg[1]) is int and msg[1] in self.posted:
+                    self.early[msg[1]] = msg
+                elif msg[0] == "q":  # the implementation calls back into an object the judge handed it
+                    self._serve(msg)
+                else:
+                    raise self.crash(f"crashed: the implementation's process sent an unexpected {str(msg[0])[:40]!r} "
+                                     "message")
+        except BaseException:
+            if not self.dead:
+                self.kill()
+                self.dead = "stopped: the judge stopped waiting for a reply"
+            raise
+        self.posted.discard(rid)
+        return self._reply(self.early.pop(rid))
+
+    def _reply(self, msg: tuple) -> Reply:
+        try:
+            _, _, kind, payload, sink_calls, extras = msg
+            if type(extras) is not dict:
+                raise wire.Malformed("a reply's extras must be a dict")
+            if kind not in ("ok", "raised", "violation", "many", "paths"):
+                raise wire.Malformed(f"a reply of kind {kind!r}")
+            for handle, method, args in wire._seq(sink_calls, list):  # replayed in order, on the judge's object
+                obj = self.refs[handle]
+                if not getattr(obj, "harness_sink", False) or method.startswith("_"):
+                    raise wire.Malformed(f"a recorded call {method!r} on an object that records none")
+                getattr(obj, method)(*self.decoder.decode(args))
+            if kind == "ok":
+                return Reply("ok", value=self.decoder.decode(payload), extras=extras)
+            if kind == "paths":  # the enumeration's runner checks every entry (harness/replay.py)
+                return Reply("paths", value=payload)
+            if kind == "many":
+                return Reply("many", value=[self._group(entry) for entry in wire._seq(payload, list)])
+            if kind == "raised":
+                return Reply("raised", error=wire.decode_exception(payload), extras=extras)
+            return Reply("violation", payload=str(payload)[:4000], extras=extras)
+        except (wire.Malformed, KeyError, ValueError, TypeError) as exc:
+            raise self.crash(f"crashed: the implementation's process sent a malformed reply ({exc})") from None
+
+    def _serve(self, msg: tuple) -> None:
+        """A call from the implementation's process on one of the judge's objects (a callback)."""
+        try:
+            _, rid, _released, op, handle, method, args, kwargs = msg[:8]
+            obj = self.refs[handle]
+            if op != "call" or (method != "__call__" and (method.startswith("_") or not hasattr(obj, method))):
+                raise wire.Malformed(f"a callback {op} {method!r}")
+            fn = obj if method == "__call__" else getattr(obj, method)
+            args = self.decoder.decode(args)
+            kwargs = {wire._str(k): self.decoder.decode(v) for k, v in wire._seq(kwargs, list)}
+        except (wire.Malformed, KeyError, ValueError, TypeError) as exc:
+            raise self.crash(f"crashed: the implementation's process sent a malformed callback ({exc})") from None
+        encoder = wire.Encoder(self.handle_of, None, by_value=())
+        try:
+            self.send(("r", rid, "ok", encoder.encode(fn(*args, **kwargs)), [], {}))
+        except Exception as exc:  # noqa: BLE001 - the judge's object raised: the implementation sees it
+            self.send(("r", rid, "raised", wire.encode_exception(exc), [], {}))
+
+    # -- the channel -----------------------------------------------------------------------------------------
+    def send(self, tree: tuple) -> None:
+        try:
+            self.conn.send_bytes(wire.dumps(tree))
+        except OSError:
+            raise self.crash(self._death()) from None
+
+    def receive(self, deadline: float) -> tuple:
+        try:
+            while not self.conn.poll(max(0.0, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    self.kill()
+                    self.dead = "hung: no reply within the per-call limit; the implementation's process was killed"
+                    raise Hung(self.dead)
+            data = self.conn.recv_bytes()
+        except (EOFError, OSError):
+            raise self.crash(self._death()) from None
+        try:
+            msg = wire.loads_untrusted(data)
+        except wire.Malformed as exc:
+            raise self.crash(f"crashed: the implementation's process sent a malformed message ({exc})") from None
+        if type(msg) is not tuple or not msg or type(msg[0]) is not str:
+            raise self.crash("crashed: the implementation's process sent a message that is not a tagged tuple")
+        return msg
+
+    def _send_arena(self) -> None:
+        self.conn.send_bytes(wire.dumps(("arena",)))
+        sock = socket.socket(fileno=os.dup(self.conn.fileno()))
+        try:
+            socket.send_fds(sock, [b"A"], [self.arena.fd])
+        finally:
+            sock.close()
+        self.arena_generation = self.arena.generation
+
+    def crash(self, why: str) -> Crashed:
+        self.kill()
+        self.dead = why
+        return Crashed(why)
+
+    def _death(self) -> str:
+        status = self.waiter()
+        return f"crashed: the implementation's process {status}" if status else \
+            "crashed: the implementation's process closed its end of the channel"
+
+    def kill(self) -> None:
+        """End the implementation's process group: SIGKILL (it has had its alarm and its grace)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        if not self.dead:
+            with contextlib.suppress(OSError):
+                self.conn.send_bytes(wire.dumps(("q", 0, [], "exit")))
+        self.kill()
+        self.waiter()
+        self.conn.close()
+        self.dead = self.dead or "closed"
+        if self.home:  # whatever still runs under its user id (a daemon it started) ends with it
+            kill_user(PLUGIN_UID_BASE + self.pid)
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+class LoadFailed(Exception):
+    """The implementation could not be loaded (its import raised, its declaration is invalid)."""
+
+
+def _wait_child(pid: int) -> str:
+    """How a child of this process ended ('' if it is still running after a short wait)."""
+    for _ in range(50):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return ""
+        if done:
+            return describe_status(status)
+        time.sleep(0.01)
+    return ""
+
+
+def kill_user(uid: int) -> None:
+    """SIGKILL every process running under ``uid``."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, ValueError):
+                with open(f"/proc/{name}/status") as f:
+                    line = next(x for x in f if x.startswith("Uid:"))
+                if int(line.split()[1]) == uid:
+                    os.kill(int(name), signal.SIGKILL)
+
+
+def describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"was killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with code {os.WEXITSTATUS(status)}"
+
+
+def _module_type() -> type:
+    import torch
+
+    return torch.nn.Module
+
+
+@dataclass
+class Reply:
+    kind: str  # "ok" | "raised" | "violation"
+    value: Any = None
+    error: BaseException | None = None
+    payload: str = ""
+    extras: dict = field(default_factory=dict)
+    mutated: list[str] | None = None
+
+    def exception(self) -> BaseException:
+        return self.error
+
+
+class Remote:
+    """An object living in the implementation's process: calling it, or one of its methods, is a message."""
+
+    __slots__ = ("process", "handle", "methods", "type_name", "__weakref__")
+
+    def __init__(self, process: PluginProcess, handle: int, methods: tuple[str, ...], type_name: str) -> None:
+        self.process, self.handle, self.methods, self.type_name = process, handle, methods, type_name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from harness.guard import call_unguarded
+
+        return call_unguarded(self, "__call__", args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in self.methods:
+            return RemoteMethod(self, name)
+        from harness.guard import DEFAULT_TIMEOUT_S
+
+        return self.process.getattr(self.handle, name, DEFAULT_TIMEOUT_S)
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} in the implementation's process>"
+
+    def __del__(self) -> None:
+        if self.handle:  # handle 0, the implementation itself, lives as long as its process
+            self.process.released.append(self.handle)
+
+
+class RemoteMethod:
+    """A bound method of a `Remote` object."""
+
+    __slots__ = ("owner", "name")
+
+    def __init__(self, owner: Remote, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from harness.guard import call_unguarded
+
+        return call_unguarded(self.owner, self.name, args, kwargs)
+
+    @property
+    def __name__(self) -> str:
+        return self.name

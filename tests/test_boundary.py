@@ -1,0 +1,157 @@
+"""The boundary between the judge and the implementation's process (harness/engine/): what crosses it, and what
+happens to the implementation's process when the judge goes."""
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.engine import wire
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_killed_harness_takes_the_judge_and_the_implementation_along(tmp_path):
+    """SIGKILL of `harness check` (no handler runs) still ends its judge and the implementation's process: each
+    was started with PR_SET_PDEATHSIG, the kernel's guarantee, not the harness's cleanup."""
+    plugin = tmp_path / "sleeps.py"
+    plugin.write_text(textwrap.dedent("""
+        import time
+
+        from harness import declare
+
+
+        @declare(caps={"call_limit_s": 600})
+        def attention(q, k, v, *, causal=False, scale=None):
+            time.sleep(600)
+    """))
+    cli = subprocess.Popen([sys.executable, "-m", "harness", "check", "attention", "--plugin", f"{plugin}:attention",
+                            "--property", "matches_reference", "--jobs", "1"], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    tree: set[int] = set()
+    while time.monotonic() < deadline and len(tree) < 2:  # the judge, and the implementation's process below it
+        time.sleep(0.2)
+        tree = _descendants(cli.pid)
+    assert len(tree) >= 2, f"the check never started its judge and the implementation's process: {tree}"
+    time.sleep(1.0)  # the implementation is in its call now
+    tree = _descendants(cli.pid)
+    cli.kill()
+    cli.wait()
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(_alive(p) for p in tree):
+        time.sleep(0.1)
+    assert not [p for p in tree if _alive(p)], "processes of a killed harness live on"
+
+
+def test_the_judge_resolves_no_global_from_the_implementation():
+    """A pickle that would call a function when read (the classic exploit) is refused before anything runs."""
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    with pytest.raises(wire.Malformed, match="global"):
+        wire.loads_untrusted(pickle.dumps(Exploit()))
+    assert wire.loads_untrusted(pickle.dumps(("ok", [1, 2.5, "x"], {"k": b"v"}))) == ("ok", [1, 2.5, "x"], {"k": b"v"})
+
+
+@pytest.mark.parametrize("tree, why", [
+    (("T", "float32", [2, 2], b"\0" * 15, "cpu"), "needs 16 bytes"),  # one byte short
+    (("T", "object", [1], b"\0" * 8, "cpu"), "malformed"),  # a dtype that is not one
+    (("A", "float32", [1], [1], 0, 1, "cpu"), "unknown tag"),  # an arena view: the judge's side only writes those
+    (("P", pickle.dumps(1)), "unknown tag"),  # a pickled object: judge to implementation only
+    (("L", [1, ("t", ())]), "list of atoms"),
+    (["l", []], "untagged"),
+])
+def test_the_judge_refuses_malformed_trees(tree, why):
+    decoder = wire.Decoder(lambda spec: None, trusted=False)
+    with pytest.raises(wire.Malformed, match=why):
+        decoder.decode(tree)
+
+
+def test_tensors_come_back_as_plain_dense_copies():
+    class Sub(torch.Tensor):
+        pass
+
+    t = torch.arange(12.0).reshape(3, 4).t().as_subclass(Sub)  # a strided subclass view
+    tree = wire.Encoder(lambda obj: None).encode(t)
+    back = wire.Decoder(lambda spec: None, trusted=False).decode(wire.loads_untrusted(wire.dumps(tree)))
+    assert type(back) is torch.Tensor and back.is_contiguous() and torch.equal(back, t.as_subclass(torch.Tensor))
+
+
+def test_an_input_mutated_through_the_arena_is_seen_by_the_judge():
+    arena = wire.Arena(size=64)  # too small: the encoder asks for a larger one
+    q = torch.randn(4, 8)[:, ::2]  # strided: the span it reads is copied, strides kept
+    with pytest.raises(wire.ArenaFull) as full:
+        wire.Encoder(lambda obj: None, arena).encode(q, "q")
+    arena.grow(full.value.needed)
+    encoder = wire.Encoder(lambda obj: None, arena)
+    tree = encoder.encode(q, "q")
+    seen = wire.Decoder(lambda spec: None, trusted=True, arena_map=lambda: arena.map).decode(tree)
+    assert torch.equal(seen, q) and seen.stride() == q.stride() and wire.changed_inputs(encoder) == []
+    seen[1, 1] += 1  # what the implementation's process would do to its view
+    assert wire.changed_inputs(encoder) == ["q"]
+
+
+PARITY_LAWS = {  # technique -> a correctness law and its bad-input law, each quick on every implementation
+    "attention": ("scores_1000_999_998_10", "rejects_bad_input"),
+    "attention_backward": ("fully_masked_rows_give_zero_gradients", "rejects_bad_input"),
+    "block_manager": ("shared_prompt_copy_on_write", "rejects_bad_input"),
+    "kvcache": ("every_prefill_starts_a_new_batch", "bad_input_is_rejected"),
+    "paged_attention": ("rows_that_see_no_key_are_zero", "rejects_bad_input"),
+    "quantization": ("worked_example_4bit", "rejects_bad_input"),
+    "quantized_linear": ("all_zero_tokens_give_zeros", "rejects_bad_input"),
+    "speculative": ("greedy_matches_target_greedy", "rejects_bad_input"),
+}
+
+
+@pytest.mark.parametrize("technique", sorted(PARITY_LAWS))
+def test_honest_implementations_get_the_same_verdicts_both_ways(technique, monkeypatch):
+    """Every registered implementation of a technique, judged from outside its process and inside the judge's
+    (``--trusted-in-process``), through two of its laws: the boundary changes no honest verdict.  (The test suite
+    itself runs every law of every implementation across the boundary, expecting the verdicts they always had.)"""
+    from harness.registry import impls
+    from harness.runner import TRUSTED_IN_PROCESS, Target, check
+
+    targets = [Target(technique, name=impl.name) for impl in impls(technique)]
+
+    def statuses() -> dict[tuple[str, str], str]:
+        results = check(technique, targets, profile="ci", properties=list(PARITY_LAWS[technique]))
+        return {(r.name, v.property): v.status for r in results for v in r.verdicts}
+
+    isolated = statuses()
+    monkeypatch.setenv(TRUSTED_IN_PROCESS, "1")
+    assert statuses() == isolated
+    assert "pass" in isolated.values(), f"{technique}: nothing passed here: {isolated}"
