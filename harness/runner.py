@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 from harness import isolation
 from harness.contracts import technique as get_technique
 from harness.devices import unavailable_reason
+from harness.engine.inputs import UsageError
 from harness.guard import hang_message
+from harness.plugins import LoadFailure, PluginLoadError
 from harness.registry import KNOWN_FAILURES, Impl
 
 Predicate = Callable[[Impl], "str | None"]  # returns a skip reason, or None when the property applies
@@ -273,6 +275,7 @@ class ImplResult:
     info: dict = field(default_factory=dict)  # name, mutant, exact, killed_by, bug, caps, ...
     verdicts: list[Verdict] = field(default_factory=list)
     stopped: str = ""  # why its child stopped early, if it did
+    load_error: dict = field(default_factory=dict)  # a plugin that could not be loaded: harness.plugins.LoadFailure
     started: dict[str, float] = field(default_factory=dict)  # property -> monotonic time its child started it
 
     @property
@@ -345,6 +348,10 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
             progress.finished(target, payload)
         elif kind == "note":
             progress.note(target, payload)
+        elif kind == "load_error":
+            result.load_error = payload
+            if payload.get("fault") == "command":  # the spec names nothing loadable: stop everything, as for a typo
+                raise UsageError(f"--plugin {target.plugin}: {payload['exception']}")
 
     limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S)
     outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
@@ -366,17 +373,22 @@ def _unfinished(result: ImplResult, names: list[str], outcome: isolation.Outcome
     running = [p for p in isolation.events(outcome, "start") if p not in done]
     seconds = outcome.ended - result.started.get(running[0], outcome.ended) if running else 0.0
     where = "while importing and registering it" if not result.info else ""
+    failure = result.load_error
     verdicts = []
     for name in names:
         if name in done:
             continue
         current = name in running or (not running and not verdicts)
-        message = outcome.stopped + (f" ({where})" if where else "") if current else (
-            f"not run: the implementation's process stopped in {running[0] if running else 'loading'} "
-            f"({outcome.stopped.split(':')[0]})")
+        if failure:
+            message = str(LoadFailure(**failure)) if current else "not run: the plugin could not be loaded"
+        else:
+            message = outcome.stopped + (f" ({where})" if where else "") if current else (
+                f"not run: the implementation's process stopped in {running[0] if running else 'loading'} "
+                f"({outcome.stopped.split(':')[0]})")
         plugin = result.target.plugin
+        output = failure.get("trace", "") if failure else outcome.output  # a load failure: no harness traceback
         verdicts.append(Verdict(result.name, name, "FAIL", message=message, seconds=seconds if current else 0.0,
-                                output=outcome.output if current else "",
+                                output=output if current else "",
                                 reproduce=reproduce_command(result.target.technique, result.name, name, profile,
                                                             plugin)))
     return verdicts
@@ -455,7 +467,12 @@ def _start_child(target: Target, profile: str, one_thread: bool) -> Impl:
 
         torch.set_num_threads(1)
     load(profile)
-    impl = _load(target)
+    try:
+        impl = _load(target)
+    except PluginLoadError as exc:  # what it printed while being imported, then its part of the traceback
+        printed, _ = isolation.output_since(0)
+        isolation.send("load_error", {**asdict(exc.failure), "trace": (printed + exc.failure.trace).strip()})
+        raise
     isolation.send("impl", _info(impl))
     return impl
 
