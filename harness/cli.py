@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             enable_entry_points(args.entry_points.split(","))
         return args.func(args)
     except UsageError as exc:  # a bad argument, output path or file read back (OutputError, BadFile)
-        print(f"python -m harness {args.command}: {exc}", file=sys.stderr)
+        print(f"python -m harness {args.command}: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: every checking process was stopped; no verdict file was written", file=sys.stderr)
@@ -56,7 +56,12 @@ class _Parser(argparse.ArgumentParser):
     """argparse's own errors (an unknown flag, a missing or mistyped value) as one line, like the harness's."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` shows the usage)\n")
+        self.exit(2, f"{self.prog}: {_one_line(message)} (`{self.prog} --help` shows the usage)\n")
+
+
+def _one_line(message: str) -> str:
+    """A message on one line, whatever the value it quotes holds (a newline in a path is shown as \\n)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _parser() -> argparse.ArgumentParser:

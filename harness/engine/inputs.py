@@ -46,7 +46,8 @@ def read_json(path: str | os.PathLike, expected: str) -> object:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        end = " (the file ends there: truncated?)" if exc.pos >= len(text.rstrip()) else ""
+        ends = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        end = " (the file ends inside the document: truncated?)" if ends else ""
         raise BadFile(path, f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}{end}; "
                             f"expected {expected}") from None
 
