@@ -180,17 +180,21 @@ def _valid_names(args: argparse.Namespace) -> None:
 
 
 def _valid_entry_points(args: argparse.Namespace) -> None:
-    if getattr(args, "entry_points", None) is None:
+    """--entry-points (and HARNESS_ENTRY_POINTS): names or values of installed entry points, or 'all'."""
+    given = [("--entry-points", getattr(args, "entry_points", None)),
+             ("HARNESS_ENTRY_POINTS", os.environ.get("HARNESS_ENTRY_POINTS"))]
+    if not any(names for _, names in given):
         return
     from importlib.metadata import entry_points
 
     theirs = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.dist is None or ep.dist.name != DISTRIBUTION]
     known = {ep.name for ep in theirs} | {ep.value for ep in theirs} | {"all"}
-    unknown = [name for name in args.entry_points.split(",") if name not in known]
-    if unknown:
-        installed = ", ".join(sorted(ep.name for ep in theirs)) or "none is installed"
-        raise UsageError(f"--entry-points: no entry point {', '.join(map(repr, unknown))} of another distribution "
-                         f"in group {ENTRY_POINT_GROUP} (installed: {installed}; 'all' loads every one)")
+    for where, names in given:
+        unknown = [name for name in (names or "").split(",") if names and name not in known]
+        if unknown:
+            installed = ", ".join(sorted(ep.name for ep in theirs)) or "none is installed"
+            raise UsageError(f"{where}: no entry point {', '.join(map(repr, unknown))} of another distribution in "
+                             f"group {ENTRY_POINT_GROUP} (installed: {installed}; 'all' loads every one)")
 
 
 def _valid_reproduce(args: argparse.Namespace) -> None:
