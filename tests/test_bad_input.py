@@ -396,34 +396,70 @@ def _checking_children(pid: int) -> set[int]:
             and sid == p}
 
 
+# Imports the harness, the implementations and attention's properties once, then for each "go" line it reads runs
+# `main(ARGV)` in a forked copy of itself and prints that copy's pid; at the next line it waits for the copy to end
+# and prints "done".  A run costs its check, not the imports.
+_FORKER = """
+import json, os, sys
+from harness import profiles, runner
+from harness.cli import main
+from harness.registry import load_all
+argv = json.loads(sys.argv[1])
+profiles.load("dev")  # before the property modules are imported: their settings read it
+load_all()
+runner.properties_of("attention")
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        os._exit(main(argv))
+    print(pid, flush=True)
+    sys.stdin.readline()  # reaped only when told: until then its pid stays its own, even once it has ended
+    os.waitpid(pid, 0)
+    print("done", flush=True)
+"""
+
+
 def test_check_killed_at_random_moments_never_leaves_a_partial_json(tmp_path):
     """`check --json F` killed (SIGKILL or SIGTERM) at random moments of its run, F holding a previous document:
     F is afterwards the previous document or a whole new one, never part of one."""
     path = tmp_path / "v.json"
     previous = {"previous": True}
-    argv = [sys.executable, "-m", "harness", "check", "attention", "--impl", "naive", "--property",
-            "rows_are_convex_combinations_of_values", "--profile", "dev", "--jobs", "1", "--json", str(path)]
-    started = time.monotonic()
-    whole = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    duration = time.monotonic() - started
-    assert whole.returncode == 0 and json.loads(path.read_text())["verdicts"], whole.stderr[-2000:]
-    rng = random.Random(0)
-    outcomes = set()
-    for sig in [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL, signal.SIGTERM]:
-        path.write_text(json.dumps(previous))
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, 1.1) * duration)
-        with contextlib.suppress(ProcessLookupError):  # frozen while its checking processes are listed
-            os.kill(proc.pid, signal.SIGSTOP)
-        children = _checking_children(proc.pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-            os.kill(proc.pid, signal.SIGCONT)
-        proc.wait(timeout=60)
-        for child in children:  # each leads its own process group (harness.isolation); the harness is gone
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child, signal.SIGKILL)
-        document = json.loads(path.read_text())
-        assert document == previous or document["verdicts"][0]["status"] == "pass", document
-        outcomes.add("previous" if document == previous else "new")
-    assert "previous" in outcomes, "no kill landed before the write: the test says nothing"
+    argv = ["check", "attention", "--impl", "naive", "--property", "rows_are_convex_combinations_of_values",
+            "--profile", "dev", "--jobs", "1", "--json", str(path)]
+    forker = subprocess.Popen([sys.executable, "-c", _FORKER, json.dumps(argv)], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def say(line: str) -> str:
+        forker.stdin.write(line + "\n")
+        forker.stdin.flush()
+        return forker.stdout.readline()
+
+    try:
+        started = time.monotonic()
+        say("go")
+        assert say("reap") == "done\n"
+        duration = time.monotonic() - started
+        assert json.loads(path.read_text())["verdicts"][0]["status"] == "pass"
+        rng, outcomes = random.Random(0), []
+        for sig in [signal.SIGKILL, signal.SIGTERM] * 3:
+            path.write_text(json.dumps(previous))
+            pid = int(say("go"))
+            time.sleep(rng.uniform(0.0, 1.2) * duration)
+            os.kill(pid, signal.SIGSTOP)  # frozen while its checking processes are listed (a zombie takes it too)
+            children = _checking_children(pid)
+            os.kill(pid, sig)
+            os.kill(pid, signal.SIGCONT)
+            assert say("reap") == "done\n"
+            for child in children:  # each leads its own process group (harness.isolation); the harness is gone
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child, signal.SIGKILL)
+            document = json.loads(path.read_text())
+            assert document == previous or document["verdicts"][0]["status"] == "pass", document
+            outcomes.append("previous" if document == previous else "new")
+    finally:
+        forker.stdin.close()
+        forker.wait(timeout=60)
+    assert "previous" in outcomes, f"no kill landed before the write ({outcomes}): the test says nothing"
