@@ -238,9 +238,7 @@ def _valid_sections(args: argparse.Namespace) -> None:
 
 def _valid_outputs(args: argparse.Namespace) -> None:
     """Every path the command will write, checked now rather than when a long run ends (harness.engine.outputs)."""
-    path = getattr(args, "json", None)
-    if path is not None and path != "-":
-        outputs.check_file(path, "--json")
+    _valid_json_path(getattr(args, "json", None))
     if args.command == "run":
         _valid_results_folder()
     if args.command == "report":

@@ -437,8 +437,8 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pai
                   flush=True)
         if out:
             outputs.write_json(out, {"fractions": tally, "rounds": rounds, "pairs": pairs,
-                                        "machine": provenance.machine_name(),
-                                        "commit": base, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT})
+                                     "machine": provenance.machine_name(),
+                                     "commit": base, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT})
     return tally
 
 
@@ -464,9 +464,9 @@ def check_commit(name: str) -> str:
     """The commit ``name`` names in this checkout, or a UsageError saying it names none."""
     if provenance.checkout() is None:
         raise UsageError("comparing commits needs a git checkout of the harness (an installed wheel has no history)")
-    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], cwd=ROOT,
-                           capture_output=True, text=True)
-    if found.returncode or not name.strip() or name.startswith("-"):
+    found = None if not name.strip() or name.startswith("-") else subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], cwd=ROOT, capture_output=True, text=True)
+    if found is None or found.returncode:
         raise UsageError(f"no commit {name!r} in {ROOT} (a branch, tag or hash; `git log --oneline` lists them)")
     return found.stdout.strip()
 
@@ -524,8 +524,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nmachine {provenance.machine_name()}; {a} vs {b}\n" + table(results, a, b))
     if args.json:
         outputs.write_json(args.json, {"machine": provenance.machine_name(), "a": a, "b": b,
-                                          "confidence": CONFIDENCE, "min_effect": MIN_EFFECT,
-                                          "results": [asdict(r) | {"label": r.label} for r in results]})
+                                       "confidence": CONFIDENCE, "min_effect": MIN_EFFECT,
+                                       "results": [asdict(r) | {"label": r.label} for r in results]})
     return 1 if any(r.verdict in WORSE for r in results) else 0
 
 

@@ -69,7 +69,7 @@ def read_inputs(results: list[Path]) -> None:
     not a traceback from inside asv."""
     for folder in results:
         if not folder.is_dir():
-            raise inputs.UsageError(f"--results {folder}: no such folder")
+            raise inputs.UsageError(f"{folder}: no such results folder")
         for machine in sorted(folder.glob("*/machine.json")):
             inputs.asv_machine(machine)
             for path in sorted(machine.parent.glob("*.json")):
