@@ -4,41 +4,45 @@ The checking itself is harness.runner's: each implementation runs in its own chi
 plugin does becomes a verdict and the run goes on.  This module parses arguments, prints progress and the
 implementation x property matrix, and writes the JSON documents (schema: docs/verdicts.md).
 
-Exit codes: 0 everything that should pass passed, 1 a property failed (or a mutant survived), 2 a usage
-error (unknown technique, implementation or property, bad plugin path, bad flag), 130 interrupted.
+Exit codes: 0 everything that should pass passed, 1 a property failed (or a mutant survived, or a plugin's own
+code could not be loaded), 2 a usage error (unknown technique, implementation, property or plugin attribute, bad
+plugin path, bad flag, an output path that cannot be written, a file read back that is not what it should be),
+130 interrupted.  Every argument is validated (`validate`) before any work starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from harness import profiles, provenance, runner
 from harness.contracts import load_techniques
-from harness.registry import LOAD_ERRORS, enable_entry_points, impls
+from harness.engine import outputs
+from harness.engine.inputs import VERDICTS_SCHEMA, UsageError
+from harness.registry import DISTRIBUTION, ENTRY_POINT_GROUP, LOAD_ERRORS, enable_entry_points, impls
 
-SCHEMA = "llm-inference-harness/verdicts"
+SCHEMA = VERDICTS_SCHEMA
 MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip", "upstream": "upstr", "stale": "STALE"}
 FAILING = ("FAIL", "stale")  # statuses that make a check exit 1 (an upstream failure is recorded, not failing)
-
-
-class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit code 2."""
+NOT_RUN = "not run:"  # the message of a property its implementation's process never reached
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if getattr(args, "entry_points", None):
-        enable_entry_points(args.entry_points.split(","))
     if getattr(args, "trusted_in_process", False):
         os.environ[runner.TRUSTED_IN_PROCESS] = "1"
     try:
+        validate(args)
+        if getattr(args, "entry_points", None):
+            enable_entry_points(args.entry_points.split(","))
         return args.func(args)
-    except UsageError as exc:
-        print(f"python -m harness {args.command}: {exc}", file=sys.stderr)
+    except UsageError as exc:  # a bad argument, output path or file read back (OutputError, BadFile)
+        print(f"python -m harness {args.command}: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: every checking process was stopped; no verdict file was written", file=sys.stderr)
@@ -50,8 +54,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown flag, a missing or mistyped value) as one line, like the harness's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {_one_line(message)} (`{self.prog} --help` shows the usage)\n")
+
+
+def _one_line(message: str) -> str:
+    """A message on one line, whatever the value it quotes holds (a newline in a path is shown as \\n)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     ls = sub.add_parser("list", help="techniques, implementations, capabilities, mutants")
@@ -130,6 +146,121 @@ def _common(p: argparse.ArgumentParser, json: bool = True) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Validation: every name and path a command was given, checked before any work starts.  One function per concern,
+# each a no-op for a command without that argument, so a subcommand added later is checked for the flags it shares.
+def validate(args: argparse.Namespace) -> None:
+    """UsageError naming the first bad argument and what it expects (compare and gate check their own commits and
+    patterns: harness.compare.validate)."""
+    for concern in (_profile, _valid_counts, _valid_names, _valid_entry_points, _valid_reproduce, _valid_sections,
+                    _valid_outputs):
+        concern(args)
+
+
+def _profile(args: argparse.Namespace) -> None:
+    """The Hypothesis profile, loaded before a property module is imported to check a name: @settings read it."""
+    if getattr(args, "profile", None) is not None:
+        profiles.load(args.profile)
+
+
+def _valid_counts(args: argparse.Namespace) -> None:
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs {jobs}: expected a whole number >= 1 (implementations checked at once)")
+
+
+def _valid_names(args: argparse.Namespace) -> None:
+    """The technique, implementations, properties and plugin specs: known (a plugin: findable without importing
+    it), else a usage error listing the known ones."""
+    technique = getattr(args, "technique", None)
+    if technique is not None:
+        _known_technique(technique)
+    given = {flag: getattr(args, flag, None) or [] for flag in ("impl", "plugin", "property")}
+    for flag, names in given.items():
+        if any(not name.strip() for name in names):
+            raise UsageError(f"--{flag}: an empty name" + (f"; `python -m harness list {technique}` shows the "
+                                                           "implementations" if flag == "impl" else ""))
+    if technique is not None:
+        _targets(technique, given["impl"], given["plugin"])
+        _properties(technique, given["property"])
+
+
+def _valid_entry_points(args: argparse.Namespace) -> None:
+    """--entry-points (and HARNESS_ENTRY_POINTS): names or values of installed entry points, or 'all'."""
+    given = [("--entry-points", getattr(args, "entry_points", None)),
+             ("HARNESS_ENTRY_POINTS", os.environ.get("HARNESS_ENTRY_POINTS"))]
+    if not any(names for _, names in given):
+        return
+    from importlib.metadata import entry_points
+
+    theirs = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.dist is None or ep.dist.name != DISTRIBUTION]
+    known = {ep.name for ep in theirs} | {ep.value for ep in theirs} | {"all"}
+    for where, names in given:
+        unknown = [name for name in (names or "").split(",") if names and name not in known]
+        if unknown:
+            installed = ", ".join(sorted(ep.name for ep in theirs)) or "none is installed"
+            raise UsageError(f"{where}: no entry point {', '.join(map(repr, unknown))} of another distribution in "
+                             f"group {ENTRY_POINT_GROUP} (installed: {installed}; 'all' loads every one)")
+
+
+def _valid_reproduce(args: argparse.Namespace) -> None:
+    """--reproduce VERSION:BLOB as a FAIL's reproduce line prints it, of this Hypothesis, for one property."""
+    blob = getattr(args, "reproduce", None)
+    if blob is None:
+        return
+    import base64
+    import binascii
+
+    import hypothesis
+
+    version, _, data = blob.partition(":")
+    try:
+        base64.b64decode(data, validate=True)
+        well_formed = bool(re.fullmatch(r"\d+(\.\d+)+", version) and data)
+    except binascii.Error:
+        well_formed = False
+    if not well_formed:
+        raise UsageError(f"--reproduce {blob!r}: expected VERSION:BLOB as a FAIL's reproduce line prints it "
+                         f"(e.g. {hypothesis.__version__}:AXicY2BkYGAAAAAJAAM=)")
+    if version != hypothesis.__version__:
+        raise UsageError(f"--reproduce: the example was recorded by Hypothesis {version} and this is "
+                         f"{hypothesis.__version__}, which cannot replay it: install {version}, or run without it")
+    if len(args.property) != 1:
+        raise UsageError("--reproduce replays one property's example: name that property with --property, as the "
+                         "reproduce line does")
+
+
+def _valid_sections(args: argparse.Namespace) -> None:
+    only = getattr(args, "only", None) or []
+    if not only:
+        return
+    from harness.report import section_titles
+
+    titles = section_titles()
+    for part in only:
+        if not part.strip() or not any(part.lower() in title.lower() for title in titles):
+            raise UsageError(f"--only {part!r}: no section's title contains it; the sections: {'; '.join(titles)}")
+
+
+def _valid_outputs(args: argparse.Namespace) -> None:
+    """Every path the command will write, checked now rather than when a long run ends (harness.engine.outputs)."""
+    _valid_json_path(getattr(args, "json", None))
+    if args.command == "run":
+        _valid_results_folder()
+    if args.command == "report":
+        if args.out is not None:
+            outputs.check_folder(args.out, "--out")
+        else:
+            _valid_results_folder()
+
+
+def _valid_results_folder() -> None:
+    if os.environ.get("HARNESS_OUT"):
+        outputs.check_folder(provenance.output_root(), "HARNESS_OUT")
+    else:
+        outputs.check_folder(provenance.output_root(), "the results folder", parents=True)
+
+
+# ---------------------------------------------------------------------------------------------
 def cmd_list(args) -> int:
     techniques = load_techniques()
     names = [args.technique] if args.technique else sorted(techniques)
@@ -168,6 +299,7 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
     _known_technique(technique)
     targets = _targets(technique, names, plugins)
     props = _properties(technique, properties)
+    _valid_json_path(json_path)
     out = sys.stderr if json_path == "-" else sys.stdout
     started = time.perf_counter()
     with Printer(technique, len(targets) * len(props), out) as printer:
@@ -193,6 +325,7 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
     profiles.load(profile)
     for t in techniques:
         _known_technique(t)
+    _valid_json_path(json_path)
     out = sys.stderr if json_path == "-" else sys.stdout
     documents, survivors, not_run, scores = [], [], {}, []
     for t in techniques:
@@ -314,8 +447,9 @@ def cmd_report(args) -> int:
 
 
 def report(*, out: Path | None, only: list[str] | None, quick: bool = False) -> int:
-    from harness.report import write_report
+    from harness.report import read_inputs, write_report
 
+    read_inputs(out)  # every file it reads back, validated before any section runs
     path = write_report(out=out, only=only, quick=quick)
     print(f"report: {path}")
     return 0
@@ -328,7 +462,8 @@ def verdicts_document(technique: str, profile: str, results: list[runner.ImplRes
     return {"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION, "kind": kind, "technique": technique,
             **provenance.run_info(profile), "seconds": round(seconds, 3),
             "implementations": [{"name": r.name, "target": r.target.label, **{k: r.info.get(k) for k in (
-                "mutant", "exact", "killed_by", "bug", "devices", "dtypes", "caps", "source")}} for r in results],
+                "mutant", "exact", "killed_by", "bug", "devices", "dtypes", "caps", "source")},
+                "load_error": r.load_error or None} for r in results],
             "verdicts": [v.as_dict() for r in results for v in r.verdicts]}
 
 
@@ -337,8 +472,13 @@ def _write_json(path: str | None, document: dict) -> None:
         import json
 
         print(json.dumps(document, indent=2, default=list))
-    elif path:
-        provenance.write_json(path, document)
+    elif path is not None:
+        outputs.write_json(path, document)
+
+
+def _valid_json_path(path: str | None) -> None:
+    if path is not None and path != "-":
+        outputs.check_file(path, "--json")
 
 
 def _targets(technique: str, names: list[str], plugins: list[str]) -> list[runner.Target]:
@@ -412,7 +552,7 @@ def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[
         say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
     verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
-        if v.status in ("FAIL", "stale", "upstream"):
+        if v.status in ("FAIL", "stale", "upstream") and not v.message.startswith(NOT_RUN):
             say(f"\n{v.status.upper()} {v.impl} / {v.property}: {v.message}")
             if v.counterexample:
                 say("  " + v.counterexample.replace("\n", "\n  "))
@@ -420,10 +560,19 @@ def _print_matrix(technique: str, results: list[runner.ImplResult], props: list[
                 say("  output of the implementation:", "    " + v.output.strip().replace("\n", "\n    "))
             if v.reproduce:
                 say(f"  reproduce: {v.reproduce}")
+    not_run: dict[tuple[str, str], list[str]] = {}  # (implementation, why) -> the properties never reached
+    for v in verdicts:
+        if v.status == "FAIL" and v.message.startswith(NOT_RUN):
+            not_run.setdefault((v.impl, v.message.removeprefix(NOT_RUN).strip()), []).append(v.property)
+    for (impl, why), props_left in not_run.items():
+        named = ", ".join(props_left[:3]) + (f" and {len(props_left) - 3} more" if len(props_left) > 3 else "")
+        say(f"\nNOT RUN {impl}: {len(props_left)} properties ({named}): {why}")
     for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
         say(f"skip {prop}: {why}")
     count = {s: sum(v.status == s for v in verdicts) for s in MARK}
-    say(f"\n{count['pass']} passed, {count['FAIL']} failed, {count['skip']} skipped"
+    unreached = sum(map(len, not_run.values()))
+    say(f"\n{count['pass']} passed, {count['FAIL'] - unreached} failed, {count['skip']} skipped"
+        + (f", {unreached} not run" if unreached else "")
         + (f", {count['upstream']} known upstream failures" if count["upstream"] else "")
         + (f", {count['stale']} stale upstream records" if count["stale"] else ""))
 
@@ -469,11 +618,12 @@ class Printer(runner.Progress):
         self.running.pop(target, None)
         elapsed = time.monotonic() - self.started_at
         eta = elapsed / self.done * max(0, self.total - self.done)
+        unreached = verdict.message.startswith(NOT_RUN)  # said once, grouped, under the matrix
         if self.bar is not None:
             self.bar.update(1)
-            if verdict.status == "FAIL" and not self.quiet:
+            if verdict.status == "FAIL" and not self.quiet and not unreached:
                 self._say(f"  FAIL {verdict.impl} / {verdict.property} ({verdict.seconds:.1f} s)")
-        elif not self.quiet or verdict.status == "FAIL":
+        elif (not self.quiet or verdict.status == "FAIL") and not unreached:
             self._say(f"  [{self.technique} {self.done}/{self.total}, ETA {_duration(eta)}] {verdict.impl} / "
                       f"{verdict.property}: {verdict.status} ({verdict.seconds:.1f} s)")
 

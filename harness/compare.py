@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness import provenance
+from harness.engine import outputs
+from harness.engine.inputs import UsageError
 
 ROOT = provenance.ROOT
 ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, reused (git-ignored)
@@ -326,6 +328,9 @@ def compare_commits(base: str, head: str, bench: str, *, rounds: int = ROUNDS, p
 
     def matched(a: Worker, b: Worker) -> list:
         listed["base"], listed["head"] = a.cases(bench), b.cases(bench)
+        if not listed["base"] and not listed["head"]:  # known from the first pair's listing, before any round
+            raise UsageError(f"--bench {bench!r}: no benchmark case matches it at {base} or at {head} "
+                             "(`asv check` or benchmarks/ lists them; the syntax: module.Class.method(param, ...))")
         return [(case, case) for case in listed["head"] if case in listed["base"]]
 
     results = measure(lambda: Worker(pa, sa), lambda: Worker(pb, sb), matched, rounds=rounds, pairs=pairs,
@@ -347,7 +352,13 @@ def compare_impls(impl_a: str, impl_b: str, bench: str, *, commit: str = "HEAD",
         cases = set(a.cases(bench))
         pairs_of = [((name, params), (name, tuple(impl_b if p == impl_a else p for p in params)))
                     for name, params in sorted(cases, key=str) if impl_a in params]
-        return [(x, y) for x, y in pairs_of if y in cases]
+        found = [(x, y) for x, y in pairs_of if y in cases]
+        if not found:  # known from the first pair's listing, before any round
+            named = sorted({p for _, params in cases for p in params if isinstance(p, str) and "_" in p})[:20]
+            raise UsageError(f"--impls {impl_a} {impl_b}: no case of --bench {bench!r} names {impl_a!r} with a twin "
+                             f"naming {impl_b!r} at {commit}" + (f"; its cases name {', '.join(named)}" if named else
+                                                                  f"; --bench {bench!r} matches no case"))
+        return found
 
     results = measure(lambda: Worker(python, src), lambda: Worker(python, src), matched, rounds=rounds, pairs=pairs,
                       clock=clock, threads=threads, progress=progress)
@@ -425,9 +436,9 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pai
             print(f"power {k + 1}/{comparisons} +{f:.0%}: {line(r)}  [{time.perf_counter() - started:.1f} s]",
                   flush=True)
         if out:
-            provenance.write_json(out, {"fractions": tally, "rounds": rounds, "pairs": pairs,
-                                        "machine": provenance.machine_name(),
-                                        "commit": base, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT})
+            outputs.write_json(out, {"fractions": tally, "rounds": rounds, "pairs": pairs,
+                                     "machine": provenance.machine_name(),
+                                     "commit": base, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT})
     return tally
 
 
@@ -449,9 +460,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write every case's rounds and verdict as JSON")
 
 
+def check_commit(name: str) -> str:
+    """The commit ``name`` names in this checkout, or a UsageError saying it names none."""
+    if provenance.checkout() is None:
+        raise UsageError("comparing commits needs a git checkout of the harness (an installed wheel has no history)")
+    found = None if not name.strip() or name.startswith("-") else subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], cwd=ROOT, capture_output=True, text=True)
+    if found is None or found.returncode:
+        raise UsageError(f"no commit {name!r} in {ROOT} (a branch, tag or hash; `git log --oneline` lists them)")
+    return found.stdout.strip()
+
+
+def check_pattern(pattern: str | None) -> None:
+    """A --bench pattern: a regular expression (asv's --bench syntax), or None for the default cases."""
+    if pattern is None:
+        return
+    if not pattern.strip():
+        raise UsageError("--bench: an empty pattern; expected a regular expression naming benchmark cases")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"--bench {pattern!r}: not a regular expression ({exc})") from None
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Every argument of a comparison, checked before any environment is built or worker started."""
+    for flag, least in (("rounds", 1), ("pairs", 1), ("threads", 0)):
+        if getattr(args, flag) < least:
+            raise UsageError(f"--{flag} {getattr(args, flag)}: expected a whole number >= {least}")
+    head = check_commit(args.head)
+    if args.impls:
+        from harness.registry import REGISTRY, load_all
+
+        load_all()
+        known = {name for _, name in REGISTRY} if head == check_commit("HEAD") else None  # another commit: its own
+        unknown = [name for name in args.impls if known is not None and name not in known]
+        if unknown:
+            import difflib
+
+            near = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+            raise UsageError(f"--impls: no implementation {unknown[0]!r}" + (f" (did you mean {', '.join(near)}?)"
+                             if near else "") + "; `python -m harness list` shows every technique's")
+    else:
+        check_commit(args.base)
+    check_pattern(args.bench)
+    if args.json is not None:
+        outputs.check_file(args.json, "--json")
+
+
 def run(args: argparse.Namespace) -> int:
     from harness.asvrun import QUICK, regex
 
+    validate(args)
     bench = args.bench or regex(QUICK)
     if args.impls:
         a, b = args.impls
@@ -463,9 +523,9 @@ def run(args: argparse.Namespace) -> int:
                                   threads=args.threads)
     print(f"\nmachine {provenance.machine_name()}; {a} vs {b}\n" + table(results, a, b))
     if args.json:
-        provenance.write_json(args.json, {"machine": provenance.machine_name(), "a": a, "b": b,
-                                          "confidence": CONFIDENCE, "min_effect": MIN_EFFECT,
-                                          "results": [asdict(r) | {"label": r.label} for r in results]})
+        outputs.write_json(args.json, {"machine": provenance.machine_name(), "a": a, "b": b,
+                                       "confidence": CONFIDENCE, "min_effect": MIN_EFFECT,
+                                       "results": [asdict(r) | {"label": r.label} for r in results]})
     return 1 if any(r.verdict in WORSE for r in results) else 0
 
 
@@ -480,8 +540,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="with --power: where to write the tally (default: "
                         "<output_root>/compare-power.json)")
     args = parser.parse_args()
+    try:
+        return _main(args)
+    except UsageError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.power is not None:
-        out = args.out or provenance.output_root() / "compare-power.json"
+        if args.out is None:
+            provenance.output_root().mkdir(parents=True, exist_ok=True)
+        out = outputs.check_file(args.out or provenance.output_root() / "compare-power.json", "--out")
         power(args.power or [0.0, 0.05, 0.10, 0.20], args.comparisons, rounds=args.rounds, pairs=args.pairs, out=out,
               at=args.at)
         print(f"power: {out}")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.engine import inputs, outputs
 from harness.provenance import ROOT
 
 RESULTS = ROOT / "results"
@@ -43,6 +44,7 @@ def publish(html_dir: Path = HTML, results: list[Path] | None = None) -> int:
     """``asv publish`` of the machines found in ``results`` (folders holding <machine>/*.json and a
     benchmarks.json; default the committed results/) into ``html_dir``, vendored for offline use."""
     results = results or [RESULTS]
+    read_inputs(results)
     with tempfile.TemporaryDirectory(prefix="harness-dashboard-") as tmp:
         merged = Path(tmp) / "results"
         merged.mkdir()
@@ -62,6 +64,21 @@ def publish(html_dir: Path = HTML, results: list[Path] | None = None) -> int:
     return rc
 
 
+def read_inputs(results: list[Path]) -> None:
+    """Every file `publish` hands to asv, validated first (harness.engine.inputs): a bad one is named in one line,
+    not a traceback from inside asv."""
+    for folder in results:
+        if not folder.is_dir():
+            raise inputs.UsageError(f"{folder}: no such results folder")
+        for machine in sorted(folder.glob("*/machine.json")):
+            inputs.asv_machine(machine)
+            for path in sorted(machine.parent.glob("*.json")):
+                if path != machine:
+                    inputs.asv_result(path)
+        if (folder / "benchmarks.json").is_file():
+            inputs.asv_benchmarks(folder / "benchmarks.json")
+
+
 def vendorize(html_dir: Path) -> None:
     """Copy the vendored scripts into html_dir/vendor, rewrite CDN links in its html files, and apply our
     legibility changes (`legible`)."""
@@ -75,7 +92,7 @@ def vendorize(html_dir: Path) -> None:
             name = LOCAL.get(m.group(2))
             return f'{m.group(1)}="vendor/{name}"' if name else m.group(0)
 
-        page.write_text(CDN_TAG.sub(local, text))
+        outputs.write_text(page, CDN_TAG.sub(local, text))
         left = [u for u in re.findall(r'(?:src|href)="(https://[^"]+)"', page.read_text()) if "cdn" in u]
         if left:
             raise RuntimeError(f"{page}: CDN links without a vendored copy: {left}")
@@ -103,7 +120,7 @@ def _patch(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     if text.count(old) != 1:
         raise RuntimeError(f"{path.name}: expected one {old!r} to patch (asv's page changed?)")
-    path.write_text(text.replace(old, new))
+    outputs.write_text(path, text.replace(old, new))
 
 
 def main() -> int:
@@ -113,7 +130,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HTML, help=f"where to write it (default {HTML})")
     parser.add_argument("--serve", action="store_true", help="then serve it on http://127.0.0.1:8080")
     args = parser.parse_args()
-    rc = publish(args.out, args.results)
+    try:
+        outputs.check_folder(args.out, "--out", parents=args.out == HTML)
+        rc = publish(args.out, args.results)
+    except inputs.UsageError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
     print(f"dashboard: {args.out / 'index.html'}")
     if rc == 0 and args.serve:
         print("dashboard: http://127.0.0.1:8080/index.html  (Ctrl-C to stop)")

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from harness import asvrun, compare, provenance
+from harness.engine import inputs, outputs
 
 ROOT = provenance.ROOT
 RESULTS = ROOT / "results"
@@ -60,11 +61,12 @@ def normalize(results: Path = RESULTS, python: str | None = None) -> int:
     version (``python``, default this one's, where a path was recorded); returns how many files changed."""
     changed = 0
     for machine_json in sorted(results.glob("*/machine.json")):
-        machine = {k: v for k, v in json.loads(machine_json.read_text()).items() if k != "version"}
+        machine = {k: v for k, v in inputs.asv_machine(machine_json).items() if k != "version"}
         for path in sorted(machine_json.parent.glob("*.json")):
             if path.name == "machine.json":
                 continue
-            data = json.loads(path.read_text())
+            data = inputs.asv_result(path)
+            inputs.require(path, data, {"params": dict, "requirements": dict, "python": str})
             before = json.dumps(data, sort_keys=True)
             params = data["params"]
             if "/" in str(data.get("python", "")):
@@ -79,8 +81,8 @@ def normalize(results: Path = RESULTS, python: str | None = None) -> int:
             target = path.with_name(f"{data['commit_hash'][:8]}-{data['env_name']}.json")
             if json.dumps(data, sort_keys=True) != before or target != path:
                 if target != path and target.exists():
-                    data = merge(json.loads(target.read_text()), data)
-                target.write_text(json.dumps(data, indent=None, sort_keys=True) + "\n")
+                    data = merge(inputs.asv_result(target), data)
+                outputs.write_text(target, json.dumps(data, indent=None, sort_keys=True) + "\n")
                 if target != path:
                     path.unlink()
                 changed += 1
@@ -142,9 +144,9 @@ def discover(results: Path) -> dict:
         asvrun.asv(["run", "--quick", "--python=same", "--dry-run", "--set-commit-hash",
                         compare.git(ROOT, "rev-parse", "HEAD"), "--bench", "^no benchmark is called this$"],
                        results=Path(tmp))
-        text = (Path(tmp) / "benchmarks.json").read_text()
-    (results / "benchmarks.json").write_text(text)
-    return json.loads(text)
+        document = inputs.asv_benchmarks(Path(tmp) / "benchmarks.json")
+    outputs.write_text(results / "benchmarks.json", (Path(tmp) / "benchmarks.json").read_text())
+    return document
 
 
 def measure_commit(python: Path, src: Path, cases: list[tuple[str, tuple]], suite: Path) -> dict[tuple, dict]:
@@ -216,7 +218,7 @@ def _measured(folder: Path, sha: str, versions: dict[str, str]) -> bool:
     """Whether a result file of ``sha`` holds every one of these benchmarks at these versions (a backfill
     writes every case's entry, run or not)."""
     for path in folder.glob(f"{sha[:8]}-*.json"):
-        results = json.loads(path.read_text()).get("results", {})
+        results = inputs.asv_result(path)["results"]
         if all(name in results and results[name][2] == v for name, v in versions.items()):
             return True
     return False
@@ -234,7 +236,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
     machine = {k: v for k, v in provenance.asv_machine().items()}
     folder = results / machine["machine"]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "machine.json").write_text(json.dumps({**machine, "version": 1}, indent=4) + "\n")
+    outputs.write_text(folder / "machine.json", json.dumps({**machine, "version": 1}, indent=4) + "\n")
     benchmarks = discover(results)
     suite = Path(tempfile.mkdtemp(prefix="harness-suite-"))  # the suite as it is now, for every commit
     shutil.copytree(ROOT / "benchmarks", suite / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
@@ -267,8 +269,8 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
         document = result_file(sha, measured, benchmarks, machine)
         path = folder / f"{sha[:8]}-{document['env_name']}.json"
         if path.exists():
-            document = merge(json.loads(path.read_text()), document)
-        path.write_text(json.dumps(document, sort_keys=True) + "\n")
+            document = merge(inputs.asv_result(path), document)
+        outputs.write_text(path, json.dumps(document, sort_keys=True) + "\n")
         with done_file.open("a") as f:
             f.write(sha + "\n")
         ran = sum("samples" in m for m in measured.values())
@@ -296,11 +298,29 @@ def main() -> int:
     nm.add_argument("results", nargs="?", type=Path, default=RESULTS)
     nm.add_argument("--python", help="the interpreter version to record where a path was (default: this one's)")
     args = parser.parse_args()
-    if args.what == "backfill":
-        k, n = map(int, args.shard.split("/"))
-        return backfill(args.commits, args.branch, args.bench, args.results, args.since, (k, n))
-    print(f"normalize: {normalize(args.results, args.python)} files rewritten")
+    try:
+        if args.what == "backfill":
+            return backfill(args.commits, args.branch, args.bench, args.results, args.since, _backfill_args(args))
+        print(f"normalize: {normalize(args.results, args.python)} files rewritten")
+    except inputs.UsageError as exc:
+        parser.exit(2, f"{parser.prog} {args.what}: {exc}\n")
     return 0
+
+
+def _backfill_args(args: argparse.Namespace) -> tuple[int, int]:
+    """(K, N) of --shard K/N, after every argument of a backfill is checked: nothing is measured before."""
+    k, sep, n = args.shard.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and int(k) < int(n)):
+        raise inputs.UsageError(f"--shard {args.shard!r}: expected K/N with 0 <= K < N, e.g. 0/2 and 1/2 for two "
+                                "backfills in parallel")
+    if args.commits < 1:
+        raise inputs.UsageError(f"--commits {args.commits}: expected a whole number >= 1")
+    for commit in (args.branch, args.since):
+        if commit is not None:
+            compare.check_commit(commit)
+    compare.check_pattern(args.bench)
+    outputs.check_folder(args.results, "--results")
+    return int(k), int(n)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import platform
 import re
@@ -159,14 +158,3 @@ def staged(folder: Path) -> Iterator[Path]:
     stage.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
 
-
-def write_json(path: Path | str, document: object) -> None:
-    """Write JSON atomically: a temporary name in the same folder, then a rename (no half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(document, indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -19,6 +19,7 @@ import time
 
 from harness import provenance
 from harness.asvrun import FULL, GATE, QUICK, ROOT, asv, local_results, regex
+from harness.engine import outputs
 
 
 def run_quick(bench: str | None = None, *, full: bool = False) -> int:
@@ -65,6 +66,9 @@ def gate(base: str, head: str = "HEAD", bench: str | None = None) -> int:
     a confidence interval per benchmark); exit 1 when a benchmark is slower (worse), 0 otherwise."""
     from harness import compare
 
+    compare.check_commit(base)
+    compare.check_commit(head)
+    compare.check_pattern(bench)
     results = compare.compare_commits(base, head, bench or regex(GATE))
     print(compare.table(results, base, head))
     return 1 if any(r.verdict in compare.WORSE for r in results) else 0
@@ -75,7 +79,15 @@ def main() -> int:
     parser.add_argument("what", choices=["quick", "full"], help="QUICK (the headline ratios) or every benchmark")
     parser.add_argument("--bench", metavar="REGEX", help="instead of QUICK: the benchmarks matching REGEX")
     args = parser.parse_args()
-    return run_quick(args.bench, full=args.what == "full")
+    from harness.compare import check_pattern
+    from harness.engine.inputs import UsageError
+
+    try:
+        check_pattern(args.bench)
+        outputs.check_folder(provenance.output_root(), "the results folder", parents=True)
+        return run_quick(args.bench, full=args.what == "full")
+    except UsageError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 from harness import isolation
 from harness.contracts import technique as get_technique
 from harness.devices import unavailable_reason
+from harness.engine.inputs import UsageError
 from harness.guard import hang_message
+from harness.plugins import LoadFailure, PluginLoadError
 from harness.registry import KNOWN_FAILURES, Impl
 
 Predicate = Callable[[Impl], "str | None"]  # returns a skip reason, or None when the property applies
@@ -277,6 +279,7 @@ class ImplResult:
     info: dict = field(default_factory=dict)  # name, mutant, exact, killed_by, bug, caps, ...
     verdicts: list[Verdict] = field(default_factory=list)
     stopped: str = ""  # why its child stopped early, if it did
+    load_error: dict = field(default_factory=dict)  # a plugin that could not be loaded: harness.plugins.LoadFailure
     started: dict[str, float] = field(default_factory=dict)  # property -> monotonic time its child started it
 
     @property
@@ -358,6 +361,10 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
             progress.finished(target, payload)
         elif kind == "note":
             progress.note(target, payload)
+        elif kind == "load_error":
+            result.load_error = payload
+            if payload.get("fault") == "command":  # the spec names nothing loadable: stop everything, as for a typo
+                raise UsageError(f"--plugin {target.plugin}: {payload['exception']}")
 
     limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S + 10)  # the judge's own wait on the import ends first
     outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
@@ -379,17 +386,22 @@ def _unfinished(result: ImplResult, names: list[str], outcome: isolation.Outcome
     running = [p for p in isolation.events(outcome, "start") if p not in done]
     seconds = outcome.ended - result.started.get(running[0], outcome.ended) if running else 0.0
     where = "while importing and registering it" if not result.info else ""
+    failure = result.load_error
     verdicts = []
     for name in names:
         if name in done:
             continue
         current = name in running or (not running and not verdicts)
-        message = outcome.stopped + (f" ({where})" if where else "") if current else (
-            f"not run: the implementation's process stopped in {running[0] if running else 'loading'} "
-            f"({outcome.stopped.split(':')[0]})")
+        if failure:
+            message = str(LoadFailure(**failure)) if current else "not run: the plugin could not be loaded"
+        else:
+            message = outcome.stopped + (f" ({where})" if where else "") if current else (
+                f"not run: the implementation's process stopped in {running[0] if running else 'loading'} "
+                f"({outcome.stopped.split(':')[0]})")
         plugin = result.target.plugin
+        output = failure.get("trace", "") if failure else outcome.output  # a load failure: no harness traceback
         verdicts.append(Verdict(result.name, name, "FAIL", message=message, seconds=seconds if current else 0.0,
-                                output=outcome.output if current else "",
+                                output=output if current else "",
                                 reproduce=reproduce_command(result.target.technique, result.name, name, profile,
                                                             plugin)))
     return verdicts
@@ -464,7 +476,7 @@ def _start_child(target: Target, profile: str, one_thread: bool, trusted: bool =
 
     from harness.profiles import load
 
-    impl = _load(target) if trusted or trusted_in_process() else _opened(target, one_thread)
+    impl = _loaded_here(target) if trusted or trusted_in_process() else _opened(target, one_thread)
     reporting.reporter.default = lambda value: None
     if one_thread:  # children share the cores: intra-op threads would only spin against each other
         import torch
@@ -473,6 +485,20 @@ def _start_child(target: Target, profile: str, one_thread: bool, trusted: bool =
     load(profile)
     isolation.send("impl", _info(impl))
     return impl
+
+
+def _loaded_here(target: Target) -> Impl:
+    try:
+        return _load(target)
+    except PluginLoadError as exc:
+        _report_load_error(asdict(exc.failure))
+        raise
+
+
+def _report_load_error(failure: dict) -> None:
+    """What the plugin printed while being imported, then its part of the traceback."""
+    printed, _ = isolation.output_since(0)
+    isolation.send("load_error", {**failure, "trace": (printed + failure["trace"]).strip()})
 
 
 def _opened(target: Target, one_thread: bool) -> Impl:
@@ -485,11 +511,18 @@ def _opened(target: Target, one_thread: bool) -> Impl:
     except BoundaryFailure as exc:
         raise isolation.Stopped(str(exc)) from None
     except LoadError as exc:
+        if exc.failure:
+            _report_load_error(exc.failure)
         raise isolation.Stopped(f"error: {exc}") from None
 
 
 class LoadError(Exception):
-    """The implementation's process could not load the target: its import or its declaration raised."""
+    """The implementation's process could not load the target: its import or its declaration raised;
+    ``failure``: a harness.plugins.LoadFailure's fields when that target was a plugin."""
+
+    def __init__(self, text: str, failure: dict | None = None) -> None:
+        super().__init__(text)
+        self.failure = failure
 
 
 def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
@@ -505,7 +538,7 @@ def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
         started = process.hello(IMPORT_LIMIT_S)
     except LoadFailed as exc:
         process.close()
-        raise LoadError(f"loading {target.label} failed: {exc}") from None
+        raise LoadError(f"loading {target.label} failed: {exc}", exc.failure) from None
     info = started.info
     fields = {k: info[k] for k in ("devices", "dtypes", "exact", "mutant", "killed_by", "bug", "cite", "caps",
                                    "source", "unavailable") if k in info}

@@ -146,6 +146,7 @@ def test_ctrl_c_stops_within_two_seconds_and_leaves_nothing_half_written(command
     """SIGINT while a call is running (the plugin sleeps inside it): the harness ends its checking processes,
     exits 130 within two seconds, and writes no verdict file, partial or whole."""
     out = tmp_path / "out"
+    out.mkdir()  # a --json file's folder must exist (`run` creates HARNESS_OUT)
     args = (["check", "attention", "--plugin", f"{PLUGINS}:sleeps", "--json", str(out / "v.json")]
             if command == "check" else ["run", "--no-bench", "--no-report", "--jobs", "1"])
     log = tmp_path / "output.txt"  # a file, not a pipe: a stray process holding a pipe open is not the harness

@@ -14,7 +14,7 @@ COLUMNS = ["result", "params", "version", "stats_q_25", "stats_q_75"]
 
 
 def run_file(path, date, version, result, q=None):
-    data = {"commit_hash": path.stem * 5, "date": date, "params": {"machine": path.parent.name},
+    data = {"commit_hash": path.stem * 5, "date": date, "params": {"machine": path.parent.name}, "version": 2,
             "result_columns": COLUMNS,
             "results": {BENCH: [result, [["'a'", "'b'"], ["'cpu'", "'cuda'"]], version, *(q or (None, None))]}}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,2 +1,4 @@
 """The checking engine: the registry and capabilities, the runner, the isolation of children, the boundary
-between the judge and the implementation's process (boundary, callserver, wire), and the guard around calls."""
+between the judge and the implementation's process (boundary, callserver, wire), the guard around calls, and
+where results go (outputs: every result file checked before the work starts and written whole; inputs: every
+file the harness reads back, validated, each error naming the file and what is wrong with it)."""

@@ -162,7 +162,7 @@ class PluginProcess:
             return Started(info, self.resolve(wire.RefSpec("impl", 0, tuple(info.pop("methods", ())),
                                                            str(info.get("type_name", "")))))
         if msg[0] == "load_failed":
-            raise LoadFailed(str(msg[1]))
+            raise LoadFailed(str(msg[1]), _load_failure(msg[2] if len(msg) > 2 else None))
         raise Crashed(f"the implementation's process sent {msg[0]!r} before declaring the implementation")
 
     # -- references ------------------------------------------------------------------------------------------
@@ -428,7 +428,27 @@ class PluginProcess:
 
 
 class LoadFailed(Exception):
-    """The implementation could not be loaded (its import raised, its declaration is invalid)."""
+    """The implementation could not be loaded (its import raised, its declaration is invalid); ``failure``:
+    the fields of a harness.plugins.LoadFailure when a plugin spec was loaded."""
+
+    def __init__(self, text: str, failure: dict | None = None) -> None:
+        super().__init__(text)
+        self.failure = failure
+
+
+LOAD_FAILURE_FIELDS = {"spec": str, "fault": str, "exception": str, "file": str, "line": (int, type(None)),
+                       "trace": str}
+
+
+def _load_failure(fields: object) -> dict | None:
+    """A LoadFailure's fields as the implementation's process reported them, only if they have the declared
+    types (it says why its own plugin failed to load: a wrong report changes that FAIL's message, nothing more)."""
+    if type(fields) is not dict or set(fields) != set(LOAD_FAILURE_FIELDS):
+        return None
+    if not all(isinstance(fields[k], t) for k, t in LOAD_FAILURE_FIELDS.items()) or fields["fault"] not in (
+            "plugin", "command"):
+        return None
+    return {k: (v[:4000] if isinstance(v, str) else v) for k, v in fields.items()}
 
 
 def _wait_child(pid: int) -> str:

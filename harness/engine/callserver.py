@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import dataclasses
 import inspect
 import itertools
 import mmap
@@ -191,7 +192,8 @@ class Server:
         except BaseException as exc:  # noqa: BLE001 - a plugin that fails to load is a verdict, not a crash
             text = "".join(traceback.format_exception_only(exc)).strip()
             where = _where(exc, load.get("plugin"))
-            self.send(("load_failed", f"{where}{text}"[-4000:]))
+            failure = getattr(exc, "failure", None)  # harness.plugins.PluginLoadError: whose fault, where
+            self.send(("load_failed", f"{where}{text}"[-4000:], dataclasses.asdict(failure) if failure else None))
             return False
         info = _info(impl)
         self.objects[0] = impl.fn

@@ -8,12 +8,12 @@ extra) is reported as such in the document instead of stopping the others.
 
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from pathlib import Path
 
 from harness import provenance
+from harness.engine import inputs, outputs
 from harness.report.document import SECTIONS, SWEEPS, Report
 
 
@@ -24,8 +24,7 @@ def write_report(out: Path | None = None, only: list[str] | None = None, quick: 
 
     matplotlib.use("Agg")
     out = out or provenance.output_root() / "report"
-    from harness.report import batch_invariance, external, sections  # noqa: F401 - registers the sections
-
+    section_titles()
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out, here=f"{provenance.machine_name()} at commit {provenance.commit()}")
     command = "python -m harness report" + (" --quick" if quick else "")
@@ -56,6 +55,10 @@ def write_report(out: Path | None = None, only: list[str] | None = None, quick: 
         except NotImplementedError as exc:
             report.text(f"**Not run here:** {exc}")
             report.skipped.append(f"{title}: {exc}")
+        except inputs.BadFile as exc:  # named in one line: the file is the problem, not the section's code
+            report.text(f"**Not read:** {exc}")
+            report.skipped.append(f"{title}: {exc}")
+            print(f"report: {title}: {exc}", flush=True)
         except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
             report.text(f"**Failed:** `{type(exc).__name__}: {exc}`")
             report.skipped.append(f"{title}: failed: {exc}")
@@ -64,13 +67,31 @@ def write_report(out: Path | None = None, only: list[str] | None = None, quick: 
     if report.skipped:
         report.heading(SKIPPED)
         report.lines += [f"- {s}" for s in report.skipped] + [""]
-    path = out / "README.md"
-    path.write_text("\n".join(report.lines).strip() + "\n")
-    (out / "skipped.json").write_text(json.dumps(report.skipped, indent=2))
+    path = outputs.write_text(out / "README.md", "\n".join(report.lines).strip() + "\n")
+    outputs.write_json(out / "skipped.json", report.skipped)
     return path
 
 
 SKIPPED = "What could not run here"
+
+
+def section_titles() -> list[str]:
+    """Every section's title, in order (importing the modules that register them)."""
+    from harness.report import batch_invariance, external, sections  # noqa: F401 - registers the sections
+
+    return [title for title, _ in SECTIONS]
+
+
+def read_inputs(out: Path | None = None) -> None:
+    """Read every file a report reads back -- the verdicts `harness run` saved, asv's results of every machine and
+    its benchmarks.json, the previous report in ``out`` -- validated before any section runs: a bad one is a
+    BadFile naming it and what is wrong (harness.engine.inputs), not a traceback halfway through the report."""
+    from harness.report import asvdata
+
+    for path in sorted((provenance.output_root() / "verdicts").glob("*.json")):
+        inputs.verdicts(path)
+    asvdata.read_all()
+    previous_sections(out or provenance.output_root() / "report")
 
 
 def previous_sections(out: Path) -> dict[str, list[str]]:
@@ -86,7 +107,8 @@ def previous_sections(out: Path) -> dict[str, list[str]]:
         elif title is not None:
             sections[title].append(line)
     skipped = out / "skipped.json"
-    sections[SKIPPED] = json.loads(skipped.read_text()) if skipped.exists() else []
+    sections[SKIPPED] = inputs.string_list(skipped, "the report's list of what could not run") if (
+        skipped.exists()) else []
     return sections
 
 

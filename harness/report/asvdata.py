@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import ast
 import itertools
-import json
 import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from harness import provenance
+from harness.engine import inputs
 
 RESULTS = provenance.ROOT / "results"
 
@@ -65,7 +65,7 @@ def current_versions() -> dict[str, str]:
     path = next((root / "benchmarks.json" for root in roots() if (root / "benchmarks.json").is_file()), None)
     if path is None:
         return {}
-    return {name: b["version"] for name, b in json.loads(path.read_text()).items() if isinstance(b, dict)}
+    return {name: b["version"] for name, b in inputs.asv_benchmarks(path).items() if isinstance(b, dict)}
 
 
 @cache
@@ -75,10 +75,18 @@ def _files(machine: str) -> list[tuple[Source, dict]]:
         for path in (root / machine).glob("*.json"):
             if path.name == "machine.json":
                 continue
-            data = json.loads(path.read_text())
-            if "results" in data:
-                found.append((Source(machine, data["commit_hash"], root == RESULTS), data))
+            data = inputs.asv_result(path)
+            found.append((Source(machine, data["commit_hash"], root == RESULTS), data))
     return sorted(found, key=lambda f: f[1].get("date", 0), reverse=True)
+
+
+def read_all() -> None:
+    """Read (and validate: harness.engine.inputs) every result, machine and benchmarks file the report may read."""
+    current_versions()
+    for root in roots():
+        for machine_json in sorted(root.glob("*/machine.json")):
+            inputs.asv_machine(machine_json)
+            _files(machine_json.parent.name)
 
 
 def machines() -> list[str]:

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.engine.outputs import replacing
+
 
 @dataclass
 class Report:
@@ -45,7 +47,8 @@ class Report:
                 raise ValueError(f"{name}: {len(labelled)} series in one panel, at most {MAX_SERIES} stay legible")
         fig.tight_layout()
         fig.text(0.005, 0.0, f"measured on {source}", fontsize=7, color="0.35", ha="left", va="top")
-        fig.savefig(self.out / f"{name}.png", dpi=110, bbox_inches="tight")
+        with replacing(self.out / f"{name}.png") as tmp:  # a plot is written whole or not at all
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
         plt.close(fig)
         self.caption(f"{caption}  Measured on {source}.")
         self.lines += [f"![{caption}]({name}.png)", ""]

@@ -64,13 +64,12 @@ def third_party(r: Report) -> None:
 
 def adapter_verdicts(technique: str, names: list[str]) -> list[dict]:
     """The adapters' verdicts `python -m harness run` saved for this machine, or checked now (ci profile)."""
-    import json
-
     from harness import provenance, runner
+    from harness.engine import inputs
 
     path = provenance.output_root() / "verdicts" / f"{technique}.json"
     if path.is_file():
-        return [v for v in json.loads(path.read_text())["verdicts"] if v["impl"] in names]
+        return [v for v in inputs.verdicts(path)["verdicts"] if v["impl"] in names]
     results = runner.check(technique, [runner.Target(technique, name=n) for n in names], profile="ci")
     return [v.as_dict() for r in results for v in r.verdicts]
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import torch
 
+from harness.engine import inputs
 from harness.report.document import Report, section
 
 MARKS = {"pass": "pass", "FAIL": "**FAIL**", "skip": "skip", "upstream": "upstream", "stale": "**stale**"}
@@ -22,7 +22,7 @@ def _verdicts(name: str) -> tuple[list[dict], str]:
 
     path = provenance.output_root() / "verdicts" / f"{name}.json"
     if path.is_file():
-        document = json.loads(path.read_text())
+        document = inputs.verdicts(path)
         source = f"{document['machine']['name']} at commit {document['commit']} (`python -m harness run`)"
         if name == "mutants":
             return [v for t in document["techniques"] for v in t["verdicts"]], source

@@ -1,0 +1,465 @@
+"""Bad input anywhere gets a clear error, and no result is ever lost.
+
+A bad argument or a bad file read back ends every subcommand with one line naming the argument or the file and what
+was expected, exit code 2, before any work starts; a plugin that cannot be loaded gets one verdict naming its file,
+line and exception; a result file is written whole or not at all, however the run ends.
+
+The command line is driven through `main` in this process (what `python -m harness` calls) with the work itself --
+a check, the mutants, a comparison, the report -- replaced by a stand-in that says it was reached: validation comes
+first, so a bad argument costs milliseconds and never reaches it.  Exit codes: README.md, docs/verdicts.md."""
+
+import contextlib
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hypothesis
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import cli, compare, profiles, provenance, quickbench, runner
+from harness.engine import inputs, outputs
+
+ROOT = Path(__file__).resolve().parents[1]
+EXIT_CODES = {0, 1, 2, 130}  # README.md: passed, failed, usage error (a bad argument, path or file), interrupted
+BLOB = "AXicY2BkYGAAAAAJAAM="  # a well-formed --reproduce blob (its example is never replayed here)
+
+
+class WorkReached(Exception):
+    """A stand-in for the work a command does once its arguments are valid."""
+
+
+def _reached(*args, **kwargs):
+    raise WorkReached
+
+
+STAND_INS = [(runner, "check"), (runner, "kill_mutants"), (compare, "compare_commits"), (compare, "compare_impls"),
+             (quickbench, "run_quick")]
+
+
+@pytest.fixture(scope="module")
+def no_work(tmp_path_factory):
+    """A scratch folder holding a file (`afile`) and a folder (`adir`), and HARNESS_OUT under it."""
+    tmp = tmp_path_factory.mktemp("bad-input")
+    (tmp / "afile").write_text("a file, not a folder\n")
+    (tmp / "adir").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HARNESS_OUT", str(tmp / "out"))
+        yield tmp
+
+
+def invoke(argv: list[str], *, work: bool = False) -> tuple[object, str, str]:
+    """(exit code, or "work" where the work was reached; stdout; stderr) of `python -m harness ARGV`; the work
+    itself replaced by `WorkReached` unless ``work``."""
+    import harness.report
+
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err, \
+            pytest.MonkeyPatch.context() as mp:
+        for module, name in [] if work else [*STAND_INS, (harness.report, "write_report")]:
+            mp.setattr(module, name, _reached)
+        if not work:  # loading a profile would change this test session's (argparse has checked the name)
+            mp.setattr(profiles, "load", lambda name: None)
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse's own: --help, a mistyped flag
+            code = exc.code
+        except WorkReached:
+            code = "work"
+    return code, out.getvalue(), err.getvalue()
+
+
+def files_under(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.is_file()}
+
+
+# (argv, what the one line must say); {tmp} is the scratch folder, {hv} this Hypothesis's version
+BAD_ARGUMENTS = [
+    (["check", "attentio"], "unknown technique 'attentio'; known: attention, attention_backward"),
+    (["check", ""], "unknown technique ''"),
+    (["check", "attention", "--impl", "fa9"], "no implementation fa9 of attention"),
+    (["check", "attention", "--impl", ""], "--impl: an empty name"),
+    (["check", "attention", "--property", "no_such_law"], "--property: unknown ['no_such_law']; known:"),
+    (["check", "attention", "--property", ""], "--property: an empty name"),
+    (["check", "attention", "--profile", "fast"], "argument --profile: invalid choice: 'fast'"),
+    (["check", "attention", "--jobs", "0"], "--jobs 0: expected a whole number >= 1"),
+    (["check", "attention", "--jobs", "-3"], "--jobs -3: expected a whole number >= 1"),
+    (["check", "attention", "--jobs", "two"], "argument --jobs: invalid int value: 'two'"),
+    (["check", "attention", "--json", ""], "--json: empty path"),
+    (["check", "attention", "--json", "{tmp}/missing/v.json"], "the folder {tmp}/missing does not exist"),
+    (["check", "attention", "--json", "{tmp}/afile/v.json"], "{tmp}/afile is a file, not a folder"),
+    (["check", "attention", "--json", "{tmp}/adir"], "--json {tmp}/adir: is a folder"),
+    (["check", "attention", "--json", "/sys/v.json"], "cannot create files in /sys"),  # read-only, even for root
+    (["check", "attention", "--reproduce", "garbage", "--property", "matches_reference"],
+     "--reproduce 'garbage': expected VERSION:BLOB"),
+    (["check", "attention", "--reproduce", f"1.2.3:{BLOB}", "--property", "matches_reference"],
+     "recorded by Hypothesis 1.2.3"),
+    (["check", "attention", "--reproduce", "{hv}:" + BLOB], "--reproduce replays one property's example"),
+    (["check", "attention", "--plugin", ""], "--plugin: an empty name"),
+    (["check", "attention", "--plugin", "attention_without_attr"], "--plugin must be MODULE:ATTR or FILE.py:ATTR"),
+    (["check", "attention", "--plugin", "no_such_file.py:attention"], "no such file 'no_such_file.py'"),
+    (["check", "attention", "--plugin", "no_such_module_anywhere:f"], "no module named 'no_such_module_anywhere'"),
+    (["check", "attention", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["list", "attentio"], "unknown technique 'attentio'"),
+    (["list", "--entry-points", "nope"], "--entry-points: no entry point 'nope' of another distribution"),
+    (["mutants", "attentio"], "unknown technique 'attentio'"),
+    (["mutants", "attention", "--jobs", "0"], "--jobs 0: expected a whole number >= 1"),
+    (["mutants", "--json", "{tmp}/missing/m.json"], "the folder {tmp}/missing does not exist"),
+    (["run", "--jobs", "-1"], "--jobs -1: expected a whole number >= 1"),
+    (["run", "--profile", "quick"], "argument --profile: invalid choice: 'quick'"),
+    (["compare", "--impls", "nope", "sdpa", "--bench", "AttentionForward"], "--impls: no implementation 'nope'"),
+    (["compare", "--impls", "sdpa"], "argument --impls: expected 2 arguments"),
+    (["compare", "nocommit", "HEAD"], "no commit 'nocommit'"),
+    (["compare", "HEAD", "nocommit"], "no commit 'nocommit'"),
+    (["compare", "HEAD", "HEAD", "--bench", "Attention("], "--bench 'Attention(': not a regular expression"),
+    (["compare", "HEAD", "HEAD", "--bench", ""], "--bench: an empty pattern"),
+    (["compare", "HEAD", "HEAD", "--rounds", "-5"], "--rounds -5: expected a whole number >= 1"),
+    (["compare", "HEAD", "HEAD", "--pairs", "0"], "--pairs 0: expected a whole number >= 1"),
+    (["compare", "HEAD", "HEAD", "--threads", "-1"], "--threads -1: expected a whole number >= 0"),
+    (["compare", "HEAD", "HEAD", "--clock", "sundial"], "argument --clock: invalid choice: 'sundial'"),
+    (["compare", "HEAD", "HEAD", "--json", "{tmp}/afile/c.json"], "{tmp}/afile is a file, not a folder"),
+    (["gate", "nocommit"], "no commit 'nocommit'"),
+    (["gate", "HEAD", "nocommit"], "no commit 'nocommit'"),
+    (["gate", "HEAD", "HEAD", "--bench", "("], "--bench '(': not a regular expression"),
+    (["report", "--only", "no such section"], "--only 'no such section': no section's title contains it"),
+    (["report", "--only", ""], "--only '': no section's title contains it"),
+    (["report", "--out", "{tmp}/afile"], "--out {tmp}/afile: {tmp}/afile is a file, not a folder"),
+    (["report", "--out", "{tmp}/missing/report"], "the folder {tmp}/missing does not exist"),
+    (["report", "--out", "/sys/report"], "cannot create files in /sys"),
+]
+BAD_RESULTS_FOLDERS = [  # HARNESS_OUT -> what the one line must say, for `run` and `report`
+    ("{tmp}/afile/out", "HARNESS_OUT {tmp}/afile/out: {tmp}/afile is a file, not a folder"),
+    ("{tmp}/missing/out", "HARNESS_OUT {tmp}/missing/out: the folder {tmp}/missing does not exist"),
+]
+
+
+def _fill(text: str, tmp: Path) -> str:
+    return text.replace("{tmp}", str(tmp)).replace("{hv}", hypothesis.__version__)
+
+
+def assert_usage_error(code, out: str, err: str, says: str, argv: list[str]) -> None:
+    assert code == 2, f"{argv}: exit {code}\n{err[-2000:]}"
+    assert says in err, f"{argv}: {err!r} does not say {says!r}"
+    assert err.count("\n") == 1 and err.startswith("python -m harness"), f"{argv}: not one line: {err!r}"
+    assert "Traceback" not in err + out, f"{argv}: {err}"
+
+
+@pytest.mark.parametrize("argv, says", BAD_ARGUMENTS, ids=[" ".join(a) or "''" for a, _ in BAD_ARGUMENTS])
+def test_a_bad_argument_is_one_line_and_exit_2_before_any_work(argv, says, no_work):
+    before = files_under(no_work)
+    code, out, err = invoke([_fill(a, no_work) for a in argv])
+    assert_usage_error(code, out, err, _fill(says, no_work), argv)
+    assert files_under(no_work) == before, "a failed command left a file behind"
+
+
+@pytest.mark.parametrize("command", [["run"], ["report"]])
+@pytest.mark.parametrize("results, says", BAD_RESULTS_FOLDERS)
+def test_an_unwritable_results_folder_is_one_line_and_exit_2(command, results, says, no_work, monkeypatch):
+    monkeypatch.setenv("HARNESS_OUT", _fill(results, no_work))
+    code, out, err = invoke(command)
+    assert_usage_error(code, out, err, _fill(says, no_work), command)
+
+
+# --- files read back ------------------------------------------------------------------------------------------
+def _verdicts(**changes) -> str:
+    document = {"schema": "llm-inference-harness/verdicts", "schema_version": 1, "kind": "check",
+                "technique": "attention", "commit": "0123456789ab", "machine": {"name": "vm"},
+                "verdicts": [{"impl": "naive", "property": "matches_reference", "status": "pass"}]}
+    return json.dumps({**document, **changes})
+
+
+MACHINE = provenance.machine_name()
+ASV_RESULT = {"version": 2, "commit_hash": "ab" * 20, "result_columns": ["result", "params"], "results": {}}
+BAD_FILES = [  # (file under HARNESS_OUT, its content, what the one line must say)
+    ("verdicts/attention.json", _verdicts()[:60], "not valid JSON at line 1 column 46: Unterminated string starting "
+                                                   "at (the file ends inside the document: truncated?)"),
+    ("verdicts/attention.json", "", "verdicts/attention.json: empty; expected a verdicts document"),
+    ("verdicts/attention.json", '["a", "list"]', "the document is a JSON list, not an object"),
+    ("verdicts/attention.json", _verdicts(schema="asv-results"), "schema 'asv-results', expected "
+                                                                 "'llm-inference-harness/verdicts'"),
+    ("verdicts/attention.json", _verdicts(schema_version=2), "schema_version 2: this harness reads verdicts "
+                                                             "documents version 1 (a newer harness"),
+    ("verdicts/attention.json", _verdicts(verdicts=[{"impl": "naive", "property": "p"}]), "verdicts[0].status is "
+                                                                                         "missing"),
+    ("verdicts/attention.json", _verdicts(verdicts=[{"impl": "naive", "property": "p", "status": "ok"}]),
+     "verdicts[0].status 'ok', expected one of pass, FAIL"),
+    ("verdicts/mutants.json", _verdicts(kind="mutants"), "techniques is missing"),
+    (f"asv/{MACHINE}/abcdef12-env.json", json.dumps(ASV_RESULT)[:50], "not valid JSON"),
+    (f"asv/{MACHINE}/abcdef12-env.json", json.dumps({**ASV_RESULT, "version": 1}),
+     "version 1: this harness reads asv result files version 2"),
+    (f"asv/{MACHINE}/abcdef12-env.json", json.dumps({**ASV_RESULT, "results": []}),
+     "results is list [], expected an object"),
+    (f"asv/{MACHINE}/machine.json", json.dumps({"version": 1, "machine": "elsewhere"}),
+     "machine 'elsewhere', but the file is in the folder of"),
+    ("asv/benchmarks.json", json.dumps({"version": 2, "bench_x.T.time_y": {"code": "..."}}),
+     "'bench_x.T.time_y'.version is missing"),
+    ("report/skipped.json", '{"not": "a list"}', "expected the report's list of what could not run"),
+]
+
+
+@pytest.mark.parametrize("relative, content, says", BAD_FILES, ids=[f"{r}:{s[:30]}" for r, _, s in BAD_FILES])
+def test_a_bad_file_read_back_is_named_in_one_line_and_exit_2(relative, content, says, no_work, tmp_path,
+                                                               monkeypatch):
+    """`report` reads what `run` saved (verdicts), asv's results and its own previous run: a truncated, empty,
+    other-schema or other-version file is named before any section runs, never a traceback or an empty report."""
+    from harness.report import asvdata
+
+    monkeypatch.setenv("HARNESS_OUT", str(tmp_path))
+    path = tmp_path / relative
+    path.parent.mkdir(parents=True)
+    if path.parent.parent.name == "asv" and path.name != "machine.json":
+        (path.parent / "machine.json").write_text(json.dumps({"version": 1, "machine": path.parent.name}))
+    path.write_text(content)
+    asvdata._files.cache_clear()
+    asvdata.current_versions.cache_clear()
+    try:
+        code, out, err = invoke(["report", "--quick"])
+    finally:
+        asvdata._files.cache_clear()
+        asvdata.current_versions.cache_clear()
+    assert_usage_error(code, out, err, f"{path}: ", ["report"])
+    assert says in err, f"{err!r} does not say {says!r}"
+
+
+def test_the_history_and_the_dashboard_name_a_bad_file_before_handing_it_to_asv(tmp_path):
+    from harness import dashboard, history
+
+    folder = tmp_path / "vm"
+    folder.mkdir()
+    (folder / "machine.json").write_text('{"version": 1, "machine": "vm"')
+    with pytest.raises(inputs.BadFile, match=r"vm/machine.json: not valid JSON .*truncated"):
+        history.normalize(tmp_path)
+    with pytest.raises(inputs.BadFile, match=r"vm/machine.json: not valid JSON"):
+        dashboard.read_inputs([tmp_path])
+
+
+@pytest.mark.parametrize("shard, says", [("4/3", "--shard '4/3': expected K/N with 0 <= K < N"),
+                                         ("x", "--shard 'x': expected K/N"), ("0/0", "--shard '0/0'")])
+def test_a_backfill_checks_its_shard_before_measuring(shard, says, tmp_path, monkeypatch, capsys):
+    from harness import history
+
+    monkeypatch.setattr(sys, "argv", ["harness.history", "backfill", "--shard", shard, "--results", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_:
+        history.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and says in err and "Traceback" not in err, err
+    assert files_under(tmp_path) == set()
+
+
+# --- any argument list ----------------------------------------------------------------------------------------
+def _options(command: str) -> list[str]:
+    sub = cli._parser()._subparsers._group_actions[0].choices[command]
+    return [o for action in sub._actions for o in action.option_strings]
+
+
+COMMANDS = ["list", "check", "mutants", "run", "compare", "gate", "report"]
+VALUES = ["attention", "kvcache", "naive", "sdpa", "matches_reference", "ci", "dev", "HEAD", "main", "2", "1", "0",
+          "-1", "", " ", "nope", "--", "-", "(", "a/b", "4/3", "AttentionForward", "Conformance", "{tmp}/v.json",
+          "{tmp}/missing/v.json", "{tmp}/afile", "{tmp}/adir", "/sys/v.json", "no_such.py:f",
+          "docs/examples/attention.py:attention", "{hv}:" + BLOB, "garbage", "all"]
+
+
+@st.composite
+def argument_lists(draw) -> list[str]:
+    """A subcommand, up to two positional values, then up to four of its flags each with up to two values (known
+    names, bad ones, paths, numbers, or any text); --help is left out (tests/test_cli.py renders every page)."""
+    command = draw(st.sampled_from(COMMANDS))
+    value = st.one_of(st.sampled_from(VALUES), st.text(max_size=8))
+    flag = st.sampled_from([o for o in _options(command) if o not in ("-h", "--help")])
+    flags = draw(st.lists(st.tuples(flag, st.lists(value, max_size=2)), max_size=4))
+    return [command, *draw(st.lists(value, max_size=2)), *(t for f, values in flags for t in (f, *values))]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(argv=argument_lists())
+def test_any_argument_list_exits_with_a_documented_code_and_no_traceback(argv, no_work):
+    """Generated argument lists for every subcommand: an exit code in the documented set (or the work reached,
+    where the arguments were valid), no traceback, a usage error in one line, and no file written."""
+    argv = [_fill(a, no_work) for a in argv]
+    before = files_under(no_work)
+    code, out, err = invoke(argv)
+    hypothesis.event(f"{argv[0]}: {code}")
+    assert code == "work" or code in EXIT_CODES, (argv, code, err[-2000:])
+    assert "Traceback" not in out + err, (argv, err[-3000:])
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("python -m harness"), (argv, err)
+    assert files_under(no_work) == before, argv
+
+
+# --- a plugin that cannot be loaded ---------------------------------------------------------------------------
+UNLOADABLE = {  # plugin file -> (its source, what its one verdict line says)
+    "syntax_error.py": ("import torch\n\n\ndef attention(q, k, v, *, causal=False, scale=None)\n    return q\n",
+                        "could not be loaded: SyntaxError: expected ':' ({path}, line 4)"),
+    "failing_import.py": ("import torch\nimport no_such_package_here\n",
+                          "could not be loaded: ModuleNotFoundError: No module named 'no_such_package_here' ({path}, "
+                          "line 2)"),
+    "float17.py": ("from harness import declare\n\n\n@declare(dtypes=('float17',))\ndef attention(q, k, v, *, "
+                   "causal=False, scale=None):\n    return q\n",
+                   "could not be loaded: ValueError: register('attention', 'attention'): dtypes ['float17'] are not "
+                   "among ('float64', 'float32', 'bfloat16', 'float16') ({path}, line 4)"),
+}
+
+
+def test_a_plugin_that_cannot_be_loaded_gets_one_verdict_naming_file_line_and_exception(tmp_path):
+    """Its first property's verdict says what its loading raised, where; the others are 'not run', said once; the
+    exit code is 1 (the plugin's fault: its own code) and the verdict file records the failure."""
+    specs = {}
+    for name, (source, _) in UNLOADABLE.items():
+        (tmp_path / name).write_text(source)
+        specs[name] = f"{tmp_path / name}:attention"
+    out = tmp_path / "verdicts.json"
+    argv = ["check", "attention", *[a for spec in specs.values() for a in ("--plugin", spec)], "--property",
+            "matches_reference", "--property", "rows_are_convex_combinations_of_values", "--property",
+            "nan_inputs_propagate", "--jobs", "2", "--json", str(out)]
+    code, printed, err = invoke(argv, work=True)
+    assert code == 1, err[-3000:]
+    document = json.loads(out.read_text())
+    loaded = {i["target"]: i["load_error"] for i in document["implementations"]}
+    for name, (_, says) in UNLOADABLE.items():
+        spec, says = specs[name], says.format(path=tmp_path / name)
+        first, *rest = [v for v in document["verdicts"] if v["impl"] == spec]
+        assert (first["status"], first["message"]) == ("FAIL", says), first["message"]
+        assert [(v["status"], v["message"]) for v in rest] == [("FAIL", "not run: the plugin could not be loaded")] * 2
+        assert loaded[spec]["fault"] == "plugin" and loaded[spec]["file"] == str(tmp_path / name)
+        assert printed.count(f"FAIL {spec} / ") == 1 and says in printed, printed[-3000:]
+        assert printed.count(f"NOT RUN {spec}: 2 properties (rows_are_convex_combinations_of_values, "
+                             "nan_inputs_propagate): the plugin could not be loaded") == 1, printed[-3000:]
+    assert "Traceback" not in printed, printed[-3000:]
+    assert "0 passed, 3 failed, 0 skipped, 6 not run" in printed, printed[-500:]
+
+
+@pytest.mark.parametrize("attribute, says", [("nope", "has no attribute 'nope'; it defines attention"),
+                                             ("LIMIT", "LIMIT is not a function or class (its type: int)")])
+def test_a_plugin_spec_naming_nothing_loadable_is_the_commands_fault(attribute, says, tmp_path):
+    """The file loads, the spec names nothing in it to check: a usage error (exit 2), the run stopped as for a typo."""
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("LIMIT = 3\n\n\ndef attention(q, k, v, *, causal=False, scale=None):\n    return q\n")
+    code, out, err = invoke(["check", "attention", "--plugin", f"{plugin}:{attribute}", "--json",
+                             str(tmp_path / "v.json")], work=True)
+    assert_usage_error(code, out, err, says, ["check"])
+    assert not (tmp_path / "v.json").exists()
+
+
+# --- results written whole ------------------------------------------------------------------------------------
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "v.json"
+    path.write_text('{"previous": true}\n')
+    path.chmod(0o640)
+    with pytest.raises(RuntimeError), outputs.replacing(path) as tmp:
+        tmp.write_text('{"half')
+        raise RuntimeError("killed mid-write")
+    assert path.read_text() == '{"previous": true}\n' and files_under(tmp_path) == {path}
+    outputs.write_json(path, {"new": [1, 2]})
+    assert json.loads(path.read_text()) == {"new": [1, 2]} and files_under(tmp_path) == {path}
+    assert path.stat().st_mode & 0o777 == 0o640  # the replaced file's mode, not mkstemp's 0600
+
+
+_WRITER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("outputs", sys.argv[1])
+outputs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(outputs)
+n = 0
+while True:
+    n += 1
+    outputs.write_json(sys.argv[2], {"n": n, "pad": "x" * 4_000_000, "whole": True})
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_the_old_file_or_the_new_one(tmp_path):
+    """A process writing a 4 MB document over and over through harness.engine.outputs, SIGKILLed at random
+    moments: the file always parses and is whole.  (Path.write_text in its place leaves a partial file in most
+    of these kills.)"""
+    path = tmp_path / "doc.json"
+    rng = random.Random(0)
+    script = [sys.executable, "-c", _WRITER, str(ROOT / "harness" / "engine" / "outputs.py"), str(path)]
+    for _ in range(12):
+        proc = subprocess.Popen(script)
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.kill()
+        proc.wait()
+        assert json.loads(path.read_text())["whole"] is True
+
+
+def _checking_children(pid: int) -> set[int]:
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,sid="], capture_output=True, text=True).stdout
+    return {int(p) for p, parent, sid in (line.split() for line in ps.splitlines()) if int(parent) == pid
+            and sid == p}
+
+
+# Imports the harness, the implementations and attention's properties once, then for each "go" line it reads runs
+# `main(ARGV)` in a forked copy of itself and prints that copy's pid; at the next line it waits for the copy to end
+# and prints "done".  A run costs its check, not the imports.
+_FORKER = """
+import json, os, sys
+from harness import profiles, runner
+from harness.cli import main
+from harness.registry import load_all
+argv = json.loads(sys.argv[1])
+profiles.load("dev")  # before the property modules are imported: their settings read it
+load_all()
+runner.properties_of("attention")
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        os._exit(main(argv))
+    print(pid, flush=True)
+    sys.stdin.readline()  # reaped only when told: until then its pid stays its own, even once it has ended
+    os.waitpid(pid, 0)
+    print("done", flush=True)
+"""
+
+
+def test_check_killed_at_random_moments_never_leaves_a_partial_json(tmp_path):
+    """`check --json F` killed (SIGKILL or SIGTERM) at random moments of its run, F holding a previous document:
+    F is afterwards the previous document or a whole new one, never part of one."""
+    path = tmp_path / "v.json"
+    previous = {"previous": True}
+    argv = ["check", "attention", "--impl", "naive", "--property", "rows_are_convex_combinations_of_values",
+            "--profile", "dev", "--jobs", "1", "--json", str(path)]
+    forker = subprocess.Popen([sys.executable, "-c", _FORKER, json.dumps(argv)], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def say(line: str) -> str:
+        forker.stdin.write(line + "\n")
+        forker.stdin.flush()
+        return forker.stdout.readline()
+
+    try:
+        started = time.monotonic()
+        say("go")
+        assert say("reap") == "done\n"
+        duration = time.monotonic() - started
+        assert json.loads(path.read_text())["verdicts"][0]["status"] == "pass"
+        rng, outcomes = random.Random(0), []
+        for sig in [signal.SIGKILL, signal.SIGTERM] * 3:
+            path.write_text(json.dumps(previous))
+            pid = int(say("go"))
+            time.sleep(rng.uniform(0.0, 1.2) * duration)
+            os.kill(pid, signal.SIGSTOP)  # frozen while its checking processes are listed (a zombie takes it too)
+            children = _checking_children(pid)
+            os.kill(pid, sig)
+            os.kill(pid, signal.SIGCONT)
+            assert say("reap") == "done\n"
+            for child in children:  # each leads its own process group (harness.isolation); the harness is gone
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child, signal.SIGKILL)
+            document = json.loads(path.read_text())
+            assert document == previous or document["verdicts"][0]["status"] == "pass", document
+            outcomes.append("previous" if document == previous else "new")
+    finally:
+        forker.stdin.close()
+        forker.wait(timeout=60)
+    assert "previous" in outcomes, f"no kill landed before the write ({outcomes}): the test says nothing"
