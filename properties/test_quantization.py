@@ -76,8 +76,10 @@ def draw_case(data, impl, **kw) -> QuantCase:
 def reference(impl, w, case: QuantCase):
     """The float64 quantization the implementation's declared format defines."""
     if not impl.caps.symmetric:
-        asymmetric = float_zero_point_quantize64 if impl.caps.zero_point == "float" else zero_point_quantize64
-        return asymmetric(w, case.bits, case.granularity, case.group_size)
+        if impl.caps.zero_point == "integer":
+            return zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
+        return float_zero_point_quantize64(w, case.bits, case.granularity, case.group_size,
+                                           edge=impl.caps.zero_point == "float_edge")
     return declared_quantize64(w, case.bits, case.granularity, case.group_size, impl.caps)
 
 
@@ -119,6 +121,8 @@ def assert_within_half_step(impl, w, qt, bits: int):
     k = torch.full_like(step, TOLERANCES[("quantize", w.dtype)].k)
     if impl.caps.code_range == "signed_extreme":  # past 2^(b-1) - 1/2 steps the top code clips: a whole step
         k[codes == qmax(bits)] *= 2
+    if impl.caps.zero_point == "float_edge":  # the end opposite the exact one may clip at code 0 or 2^b - 1
+        k[(qt.codes == 0) | (qt.codes == 2**bits - 1)] *= 2
     bound = k * (step + r) + codes.abs() * r + slack(w, w_hat)
     bad = err > bound
     assert not bool(bad.any()), (f"{impl.name}: |w - dq(q(w))| = {err[bad][0].item():.4g} exceeds s/2 = "
@@ -204,16 +208,17 @@ def test_zero_point_scales_match_reference(impl, data):
     round(-min(w, 0) / s), as the contract defines them (float64 reference).  The half-step error bound
     alone cannot see a wrong scale: it is measured against the implementation's own step.  A zero point
     may differ by one only where -min(w, 0) / s lies within the scale's rounding of a tie.  A declared
-    ``zero_point="float"`` (HQQ, quanto, MLX) is checked in its own convention: s = (max(w) - min(w)) / (2^b - 1)
+    ``zero_point="float"`` (HQQ, quanto) or ``"float_edge"`` (MLX) is checked in its own convention: s = (max(w) - min(w)) / (2^b - 1)
     and z = -min(w) / s unrounded, within a few roundings of w's dtype (in code units: z's own size times them)."""
     case = draw_case(data, impl)
     w = case.tensor()
     qt = quantize_case(impl, case, w)
     assert qt.zero is not None, f"{impl.name} declares symmetric=False but returns no zero point"
-    if impl.caps.zero_point == "float":
-        truth = float_zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
-        assert_scales_match(impl, qt, truth, w.dtype, f"(max(w) - min(w)) / {2**case.bits - 1}")
-        used = truth.scale > 0
+    if impl.caps.zero_point != "integer":
+        truth = reference(impl, w, case)
+        assert_scales_match(impl, qt, truth, w.dtype, f"the {impl.caps.zero_point} rule, (max(w) - min(w)) / "
+                                                      f"{2**case.bits - 1} at its heart")
+        used = truth.scale != 0
         err = (qt.zero.double() - truth.zero).abs()
         bad = used & (err > 4 * scale_rtol(w.dtype) * (truth.zero.abs() + 2**case.bits))
         assert not bool(bad.any()), (
@@ -289,6 +294,8 @@ def test_extreme_magnitudes(impl, data, extreme):
 
 @applies(lambda impl: "the full convention's grid is not closed: a positive peak dequantizes to 2^(b-1) - 1 "
          "steps, so its requantized scale shrinks" if impl.caps.code_range == "full" else None)
+@applies(lambda impl: "the float_edge grid is not closed: where the codes do not reach the far end, the "
+         "dequantized range is narrower and its scale is chosen anew" if impl.caps.zero_point == "float_edge" else None)
 @given(data=st.data())
 def test_requantize_is_identity(impl, data):
     """q(dq(q(w))) = q(w): the dequantized tensor is already on the grid, with the same scales."""
@@ -357,7 +364,7 @@ def test_all_zero_groups_give_zeros(impl, data):
         qt = quantize_case(impl, case, tensor)  # `call` already rejects NaN/inf scales
         w_hat = dequantize(qt)
         zero = tensor == 0
-        if impl.caps.zero_point == "float":  # 0 is on the grid of an all-zero group only: a zero in a wider range
+        if impl.caps.zero_point != "integer":  # 0 is on the grid of an all-zero group only: a zero in a wider range
             groups = step_per_element(quantize64(tensor, 2, case.granularity, case.group_size))  # its group's max|w|
             zero &= groups == 0  # gets (round(z) - z) s, within half a step (test_error_within_half_step)
         assert bool(torch.isfinite(w_hat).all()), f"{impl.name}: dequantized a zero group to NaN/inf"

@@ -42,6 +42,9 @@ draw only inside what it declares, and skip, naming the format, what needs more:
   int4 shift, MLX's bias): s = (max(w) - min(w)) / (2^b - 1) over the group's own range (0 need not be in it,
   nor on the grid) and z = -min(w) / s, returned as a floating-point tensor in code units, so that
   w_hat = (q - z) s as for an integer one.  An all-zero group still dequantizes to zeros.
+  ``zero_point="float_edge"`` (MLX's affine mode): the same, but the group's end of larger magnitude e is made
+  exact, s = e / round(e / s0) with s0 = (max - min) / (2^b - 1) signed so that e / s0 <= 0, and z = -e / s:
+  s may be negative (the codes then count down from e), and the other end may fall up to a step short.
 
 What stays exact under every declaration: codes in the declared range, the error bound, the absmax scale
 rule of the declared convention, requantization being the identity (not in the full convention, whose
@@ -82,9 +85,9 @@ class QuantizationCaps(Caps):
     scale_floor: float = cap(0.0, "no scale is below this (torch.ao observers: float32 eps)")
     excluded_group_sizes: tuple[int, ...] = cap((), "group sizes it refuses although they divide the columns "
                                                     "(MLX: all but 32, 64, 128)")
-    zero_point: Literal["integer", "float"] = cap("integer", "asymmetric: an integer code z with the range widened "
-                                                             "to hold 0, or a float z = -min/s over the group's own "
-                                                             "range (HQQ, quanto int4, MLX)")
+    zero_point: Literal["integer", "float", "float_edge"] = cap(
+        "integer", "asymmetric: an integer code z with the range widened to hold 0; float: z = -min/s over the "
+                   "group's own range (HQQ, quanto int4); float_edge: the larger end made exact (MLX)")
 
     def __post_init__(self) -> None:
         """A declaration no property could read rightly is refused, naming the capability."""
@@ -100,8 +103,9 @@ class QuantizationCaps(Caps):
         if self.scale_dtype is not None and self.scale_dtype not in SCALE_DTYPES:
             raise ValueError(f"quantization: capability scale_dtype must be one of {SCALE_DTYPES}, "
                              f"got {self.scale_dtype!r}")
-        if self.zero_point == "float" and self.symmetric:
-            raise ValueError("quantization: capability zero_point='float' is for asymmetric quantizers (symmetric=False)")
+        if self.zero_point != "integer" and self.symmetric:
+            raise ValueError(f"quantization: capability zero_point={self.zero_point!r} is for asymmetric quantizers "
+                             "(symmetric=False)")
         if self.excluded_group_sizes and (self.group_sizes is not None or min(self.excluded_group_sizes) < 1):
             raise ValueError("quantization: capability excluded_group_sizes takes positive sizes, and only where "
                              f"group_sizes is None (an explicit list excludes the rest), got {self.excluded_group_sizes!r}")
@@ -228,11 +232,11 @@ def call(impl: Impl, w: torch.Tensor, *, bits: int, granularity: str, group_size
     if qt.zero is not None:
         check_tensor(qt.zero, what=f"{impl.name} zero", shape=tuple(qt.scale.shape), device=w.device)
         floating = qt.zero.is_floating_point() or qt.zero.is_complex()
-        if floating != (impl.caps.zero_point == "float"):  # a fractional zero point cannot map 0 exactly
+        if floating != (impl.caps.zero_point != "integer"):  # a fractional zero point cannot map 0 exactly
             raise ContractViolation(f"{impl.name} zero: dtype {qt.zero.dtype}, expected "
-                                    f"{'a floating' if impl.caps.zero_point == 'float' else 'an integer'} dtype "
+                                    f"{'an integer' if impl.caps.zero_point == 'integer' else 'a floating'} dtype "
                                     f"(declared zero_point={impl.caps.zero_point!r})")
-    if bool((qt.scale < 0).any()) and impl.caps.code_range != "signed_extreme":
+    if bool((qt.scale < 0).any()) and impl.caps.code_range != "signed_extreme" and impl.caps.zero_point != "float_edge":
         raise ContractViolation(f"{impl.name} scale: negative scale {qt.scale.min().item():.3g}")
     if impl.caps.scale_dtype is not None:
         stored = qt.scale.to(getattr(torch, impl.caps.scale_dtype)).to(qt.scale.dtype)
