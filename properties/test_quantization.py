@@ -79,7 +79,7 @@ def reference(impl, w, case: QuantCase):
         if impl.caps.zero_point == "integer":
             return zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
         return float_zero_point_quantize64(w, case.bits, case.granularity, case.group_size,
-                                           edge=impl.caps.zero_point == "float_edge")
+                                           edge=impl.caps.zero_point == "float_edge", floor=impl.caps.scale_floor)
     return declared_quantize64(w, case.bits, case.granularity, case.group_size, impl.caps)
 
 

@@ -51,16 +51,18 @@ def declared_quantize64(w: torch.Tensor, bits: int, granularity: str, group_size
 
 
 def float_zero_point_quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None,
-                                edge: bool = False) -> Quantized:
+                                edge: bool = False, floor: float = 0.0) -> Quantized:
     """Asymmetric quantization with a floating-point zero point (``zero_point="float"``), in float64: over the
     group's own range, s = (max(w) - min(w)) / (2^b - 1) and z = -min(w) / s (z = 0 where s = 0: an all-zero, or
     constant, group), codes clamp(round(w / s + z), 0, 2^b - 1); w_hat = (q - z) s.  ``edge`` (float_edge, MLX):
-    the end e of larger magnitude made exact, s = e / round(e / s0) with s0 signed so that e / s0 <= 0, z = -e / s."""
+    the end e of larger magnitude made exact, s = e / round(e / s0) with s0 signed so that e / s0 <= 0, z = -e / s.
+    ``floor``: a declared scale_floor, s = max(s, floor) where the group is not all zero (HQQ's 5e-5)."""
     w = w.double()
     rows, cols = w.shape
     blocks = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
     lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)  # (R, G)
     s = (hi - lo) / (2**bits - 1)
+    s = torch.where((s < floor) & (hi - lo > 0), torch.full_like(s, floor), s)
     base = lo
     if edge:
         low_end = lo.abs() > hi.abs()

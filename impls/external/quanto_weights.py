@@ -6,7 +6,8 @@ qint8: AbsmaxOptimizer, per output row (axis 0; quanto refuses group sizes for 8
 (the restricted convention), codes round(w / s) in -128..127.  qint4 / qint2: MaxOptimizer per group of
 group_size consecutive elements of a row, over the group's own range, s = (max - min) / (2^b - 1) and a float
 shift = -min, codes round((w + shift) / s) in 0..2^b - 1, w_hat = q s - shift: the contract's float zero point
-z = shift / s (declared ``zero_point="float"``).  The codes are read from quanto's PackedTensor bytes here
+z = shift / s (declared ``zero_point="float"``; 0 where s = shift = 0, an all-zero group).  A group of one
+element has s = 0 and its value in the shift, which no (q - z) s holds: group size 1 is declared excluded.  The codes are read from quanto's PackedTensor bytes here
 (`PackedTensor.unpack` on the CPU JIT-compiles a C++ extension first, minutes with a compiler, a hang without).
 optimum-quanto, tensor/optimizers/{absmax,max}_optimizer.py, library/quantize.py, tensor/weights/quantization.py.
 """
@@ -20,7 +21,7 @@ from impls.external.common import FIRST_CALL_IMPORTS_S, Library
 QUANTO = Library("optimum-quanto", "optimum.quanto")
 QINT8 = QuantizationCaps(bits=(8,), granularities=("channel",), call_limit_s=FIRST_CALL_IMPORTS_S)
 QINT4 = QuantizationCaps(symmetric=False, zero_point="float", bits=(2, 4), granularities=("group",),
-                         call_limit_s=FIRST_CALL_IMPORTS_S)
+                         excluded_group_sizes=(1,), call_limit_s=FIRST_CALL_IMPORTS_S)
 
 
 def unpacked(packed: torch.Tensor, bits: int, rows: int) -> torch.Tensor:
@@ -34,7 +35,7 @@ def qtype_of(quanto, bits: int):
     return {8: quanto.qint8, 4: quanto.qint4, 2: quanto.qint2}[bits]
 
 
-@register("quantization", "quanto_qint8", dtypes=("float32", "bfloat16"), exact=False, unavailable=QUANTO.unavailable,
+@register("quantization", "quanto_qint8", dtypes=("float32",), exact=False, unavailable=QUANTO.unavailable,
           cite="optimum-quanto quantize_weight(qint8) with AbsmaxOptimizer", caps=QINT8)
 def quanto_qint8(w, *, bits, granularity="channel", group_size=None):
     check_inputs(w, bits, granularity, group_size)
@@ -46,7 +47,7 @@ def quanto_qint8(w, *, bits, granularity="channel", group_size=None):
     return Quantized(qt._data, qt._scale.reshape(w.shape[0], 1))
 
 
-@register("quantization", "quanto_qint4", dtypes=("float32", "bfloat16"), exact=False, unavailable=QUANTO.unavailable,
+@register("quantization", "quanto_qint4", dtypes=("float32",), exact=False, unavailable=QUANTO.unavailable,
           cite="optimum-quanto quantize_weight(qint4 / qint2) with MaxOptimizer", caps=QINT4)
 def quanto_qint4(w, *, bits, granularity="group", group_size=None):
     check_inputs(w, bits, granularity, group_size)
@@ -60,4 +61,5 @@ def quanto_qint4(w, *, bits, granularity="group", group_size=None):
     shape = scale_shape(w, granularity, group_size)
     grouped = w.numel() // group_size
     codes = unpacked(qt._data._data, bits, grouped).reshape(w.shape).to(torch.int64)  # (rows, cols)
-    return Quantized(codes, qt._scale.reshape(shape), (qt._shift / qt._scale).reshape(shape))
+    zero = torch.where(qt._scale != 0, qt._shift / qt._scale, qt._shift)  # shift 0 where s is (all-zero groups)
+    return Quantized(codes, qt._scale.reshape(shape), zero.reshape(shape))
