@@ -208,8 +208,9 @@ def test_zero_point_scales_match_reference(impl, data):
     round(-min(w, 0) / s), as the contract defines them (float64 reference).  The half-step error bound
     alone cannot see a wrong scale: it is measured against the implementation's own step.  A zero point
     may differ by one only where -min(w, 0) / s lies within the scale's rounding of a tie.  A declared
-    ``zero_point="float"`` (HQQ, quanto) or ``"float_edge"`` (MLX) is checked in its own convention: s = (max(w) - min(w)) / (2^b - 1)
-    and z = -min(w) / s unrounded, within a few roundings of w's dtype (in code units: z's own size times them)."""
+    ``zero_point="float"`` (HQQ, quanto) or ``"float_edge"`` (MLX) is checked in its own convention:
+    s = (max(w) - min(w)) / (2^b - 1) and z = -min(w) / s unrounded, within a few roundings of w's dtype (in code
+    units: z's own size times them)."""
     case = draw_case(data, impl)
     w = case.tensor()
     qt = quantize_case(impl, case, w)

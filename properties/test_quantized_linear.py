@@ -146,7 +146,8 @@ def test_outlier_columns_exact(impl, data, seed):
                                                                 torch.ones_like(y1))
     bad = err > bound
     assert not bool(bad.any()), (f"{impl.name}: outlier columns are not computed exactly: off by "
-                                 f"{err[bad][0].item():.3g} > {bound[bad][0].item():.3g} at {bad.nonzero()[0].tolist()}")
+                                 f"{err[bad][0].item():.3g} > {bound[bad][0].item():.3g} at "
+                                 f"{bad.nonzero()[0].tolist()}")
 
 
 def computes_narrower(impl) -> str | None:

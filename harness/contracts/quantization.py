@@ -108,7 +108,8 @@ class QuantizationCaps(Caps):
                              "(symmetric=False)")
         if self.excluded_group_sizes and (self.group_sizes is not None or min(self.excluded_group_sizes) < 1):
             raise ValueError("quantization: capability excluded_group_sizes takes positive sizes, and only where "
-                             f"group_sizes is None (an explicit list excludes the rest), got {self.excluded_group_sizes!r}")
+                             "group_sizes is None (an explicit list excludes the rest), got "
+                             f"{self.excluded_group_sizes!r}")
         if not (math.isfinite(self.scale_floor) and self.scale_floor >= 0):
             raise ValueError(f"quantization: capability scale_floor must be finite and >= 0, got {self.scale_floor!r}")
 

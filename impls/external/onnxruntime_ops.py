@@ -91,9 +91,9 @@ def attention(q, k, v, **attributes):
     return run.run(None, {"q": q, "k": k, "v": v})[0]
 """
 SCALE = dict(library="onnxruntime", version="1.32.0",
-             what="its CPU Attention kernel (opset 23) refuses a scale <= 0 at session creation ('scale must be greater "
-                  "than 0 if specified'), which the operator's specification does not exclude: scale 0 is uniform "
-                  "weights, a negative one reverses them",
+             what="its CPU Attention kernel (opset 23) refuses a scale <= 0 at session creation ('scale must be "
+                  "greater than 0 if specified'), which the operator's specification does not exclude: scale 0 is "
+                  "uniform weights, a negative one reverses them",
              reproduce=ATTENTION_RUN + """\
 q = np.ones((1, 1, 2, 4), np.float32)
 try:

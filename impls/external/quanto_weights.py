@@ -7,8 +7,9 @@ qint8: AbsmaxOptimizer, per output row (axis 0; quanto refuses group sizes for 8
 group_size consecutive elements of a row, over the group's own range, s = (max - min) / (2^b - 1) and a float
 shift = -min, codes round((w + shift) / s) in 0..2^b - 1, w_hat = q s - shift: the contract's float zero point
 z = shift / s (declared ``zero_point="float"``; 0 where s = shift = 0, an all-zero group).  A group of one
-element has s = 0 and its value in the shift, which no (q - z) s holds: group size 1 is declared excluded.  The codes are read from quanto's PackedTensor bytes here
-(`PackedTensor.unpack` on the CPU JIT-compiles a C++ extension first, minutes with a compiler, a hang without).
+element has s = 0 and its value in the shift, which no (q - z) s holds: group size 1 is declared excluded.  The
+codes are read from quanto's PackedTensor bytes here (`PackedTensor.unpack` on the CPU JIT-compiles a C++
+extension first: minutes with a compiler, a hang without).
 optimum-quanto, tensor/optimizers/{absmax,max}_optimizer.py, library/quantize.py, tensor/weights/quantization.py.
 """
 
