@@ -12,7 +12,8 @@ from harness.contracts.attention import causal_allowed, check_inputs, check_scor
 
 def attention64(q, k, v, *, causal: bool = False, scale: float | None = None,
                 align: str = "bottom_right") -> torch.Tensor:
-    """softmax(q k^T * scale) v in float64, straight from the definition; masked-out rows give 0."""
+    """softmax(q k^T * scale) v in float64, straight from the definition; masked-out rows give 0.  ``align``: the
+    causal mask's alignment, the contract's bottom_right or a declared top_left (every function here takes it)."""
     scale = check_inputs(q, k, v, scale, causal)
     check_scores_budget("attention reference", q, k.shape[2], copies=2, dtype=torch.float64)
     q, k, v = q.double(), k.double(), v.double()
