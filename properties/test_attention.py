@@ -43,9 +43,11 @@ def draw_case(data, impl, **kw):
     return data.draw(attention_cases(dtypes=impl.dtypes, devices=available(impl.devices), **kw), label="case")
 
 
-def truth_and_plain(case, q, k, v):
-    return (attention64(q, k, v, causal=case.causal, scale=case.scale),
-            attention_plain(q, k, v, causal=case.causal, scale=case.scale))
+def truth_and_plain(case, q, k, v, impl):
+    """The float64 reference and the plain computations, with the implementation's declared causal alignment."""
+    align = impl.caps.causal_align
+    return (attention64(q, k, v, causal=case.causal, scale=case.scale, align=align),
+            attention_plain(q, k, v, causal=case.causal, scale=case.scale, align=align))
 
 
 @given(data=st.data())
@@ -54,8 +56,23 @@ def test_matches_reference(impl, data):
     case = draw_case(data, impl)
     q, k, v = case.tensors()
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
-    truth, plain = truth_and_plain(case, q, k, v)
+    truth, plain = truth_and_plain(case, q, k, v, impl)
     assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
+
+
+@given(data=st.data(), more_keys=st.booleans())
+def test_causal_alignment_is_the_declared_one(impl, data, more_keys):
+    """Causal with Nq != Nk (more keys than queries, as in decoding with a cache, or fewer): the output is the
+    reference of the declared alignment (bottom-right j <= i + Nk - Nq, or top-left j <= i), within the earned
+    tolerance; the other alignment's reference differs there, so a kernel aligned the other way fails."""
+    case = draw_case(data, impl, causal=True, max_len=min(24, impl.caps.max_len or 24))  # small: the mask is the point
+    Nq, Nk = sorted((case.Nq, case.Nk + (case.Nq == case.Nk)))[::1 if more_keys else -1]
+    case = AttentionCase(**{**case.__dict__, "Nq": Nq, "Nk": Nk})
+    q, k, v = case.tensors()
+    out = call(impl, q, k, v, causal=True, scale=case.scale)
+    truth, plain = truth_and_plain(case, q, k, v, impl)
+    assert_earned(out, truth, plain, dtype_of(case.dtype),
+                  what=f"{impl.name} causal with Nq={Nq}, Nk={Nk} vs the {impl.caps.causal_align} reference")
 
 
 @applies(declared_max_len)
@@ -66,7 +83,7 @@ def test_long_keys_and_wide_heads(impl, data):
     case = data.draw(long_cases(dtypes=impl.dtypes, devices=available(impl.devices)), label="case")
     q, k, v = case.tensors()
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
-    truth, plain = truth_and_plain(case, q, k, v)
+    truth, plain = truth_and_plain(case, q, k, v, impl)
     assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} vs float64 reference")
 
 
@@ -79,15 +96,18 @@ def test_returned_lse_is_logsumexp_of_scaled_scores(impl, data):
     q, k, v = case.tensors()
     o, lse = guarded_call(impl.fn, q, k, v, causal=case.causal, scale=case.scale, return_lse=True,
                           arg_names=("q", "k", "v"), timeout_s=call_limit(impl))
-    truth_o, truth = attention_lse64(q, k, v, causal=case.causal, scale=case.scale)
+    align = impl.caps.causal_align
+    truth_o, truth = attention_lse64(q, k, v, causal=case.causal, scale=case.scale, align=align)
     assert lse.shape == q.shape[:-1] and lse.dtype in (torch.float32, torch.float64), (
         f"{impl.name}: L of shape {tuple(lse.shape)} and dtype {lse.dtype}, expected {tuple(q.shape[:-1])}, float32/64")
     blind = truth.isinf()
     assert torch.equal(lse.isinf() & (lse < 0), blind), f"{impl.name}: L = -inf exactly on rows that see no key"
-    plain = [p.masked_fill(blind, 0) for p in attention_lse_plain(q, k, v, causal=case.causal, scale=case.scale)]
+    plain = [p.masked_fill(blind, 0)
+             for p in attention_lse_plain(q, k, v, causal=case.causal, scale=case.scale, align=align)]
     assert_earned(lse.masked_fill(blind, 0), truth.masked_fill(blind, 0), plain, dtype_of(case.dtype),
                   what=f"{impl.name} L vs float64 logsumexp")
-    assert_earned(o, truth_o, attention_plain(q, k, v, causal=case.causal, scale=case.scale), dtype_of(case.dtype),
+    assert_earned(o, truth_o, attention_plain(q, k, v, causal=case.causal, scale=case.scale, align=align),
+                  dtype_of(case.dtype),
                   what=f"{impl.name} o (returned with L) vs float64 reference")
 
 
@@ -104,8 +124,9 @@ def test_large_logits_stay_finite_and_correct(impl, data):
                                      offset=st.floats(800, 3000) if far else None), label="case")
     q, k, v = case.tensors()
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
-    truth = attention64(q, k, v, causal=case.causal, scale=case.scale)
-    plain, conditioning = large_logit_yardstick(q, k, v, causal=case.causal, scale=case.scale)
+    truth = attention64(q, k, v, causal=case.causal, scale=case.scale, align=impl.caps.causal_align)
+    plain, conditioning = large_logit_yardstick(q, k, v, causal=case.causal, scale=case.scale,
+                                                align=impl.caps.causal_align)
     where = f"logits {case.offset:.0f} below 0" if far else f"logits ~{case.magnitude:.0f}"
     assert_earned(out, truth, plain, dtype_of(case.dtype), what=f"{impl.name} at {where}", kind="large_logits",
                   conditioning=conditioning)
@@ -135,7 +156,7 @@ def test_key_value_permutation_invariance(impl, data, perm_seed):
     perm = torch.randperm(case.Nk, generator=torch.Generator().manual_seed(perm_seed)).to(q.device)
     out = call(impl, q, k, v, causal=False, scale=case.scale)
     out_perm = call(impl, q, k[:, :, perm], v[:, :, perm], causal=False, scale=case.scale)
-    truth, plain = truth_and_plain(case, q, k, v)
+    truth, plain = truth_and_plain(case, q, k, v, impl)
     bound = 2 * earned_bound(truth, plain, dtype_of(case.dtype))  # both within one bound of the truth
     err = (out.double() - out_perm.double()).abs().max().item()
     if not err <= bound:
@@ -149,13 +170,13 @@ def test_rows_are_convex_combinations_of_values(impl, data):
     case = draw_case(data, impl)
     q, k, v = case.tensors()
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale).double()  # (B, H, Nq, d)
-    truth, plain = truth_and_plain(case, q, k, v)
+    truth, plain = truth_and_plain(case, q, k, v, impl)
     slack = earned_bound(truth, plain, dtype_of(case.dtype))
     G = case.H // case.Hkv
     vv = v.double().repeat_interleave(G, dim=1)[:, :, None]  # (B, H, 1, Nk, d)
     seen = torch.ones(case.Nq, case.Nk, dtype=torch.bool, device=q.device)
     if case.causal:
-        seen = causal_allowed(case.Nq, case.Nk, device=q.device)
+        seen = causal_allowed(case.Nq, case.Nk, device=q.device, align=impl.caps.causal_align)
     seen = seen[None, None, :, :, None]  # (1, 1, Nq, Nk, 1)
     lo = torch.where(seen, vv, float("inf")).amin(dim=3)  # (B, H, Nq, d)
     hi = torch.where(seen, vv, float("-inf")).amax(dim=3)

@@ -28,7 +28,12 @@ from harness.contracts.quantization import (
 )
 from harness.devices import available
 from harness.guard import assert_rejected
-from harness.references.quantization import declared_quantize64, quantize64, zero_point_quantize64
+from harness.references.quantization import (
+    declared_quantize64,
+    float_zero_point_quantize64,
+    quantize64,
+    zero_point_quantize64,
+)
 from harness.runner import applies
 from harness.strategies.quantization import LONG_ROWS, QuantCase, long_row_cases, quant_cases
 from harness.tolerance import FLOAT64_IDENTITY, TOLERANCES, dtype_of
@@ -71,7 +76,10 @@ def draw_case(data, impl, **kw) -> QuantCase:
 def reference(impl, w, case: QuantCase):
     """The float64 quantization the implementation's declared format defines."""
     if not impl.caps.symmetric:
-        return zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
+        if impl.caps.zero_point == "integer":
+            return zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
+        return float_zero_point_quantize64(w, case.bits, case.granularity, case.group_size,
+                                           edge=impl.caps.zero_point == "float_edge", floor=impl.caps.scale_floor)
     return declared_quantize64(w, case.bits, case.granularity, case.group_size, impl.caps)
 
 
@@ -107,12 +115,14 @@ def assert_within_half_step(impl, w, qt, bits: int):
     err = (w.double() - w_hat.double()).abs()
     step = step_per_element(qt).double().abs()  # (rows, cols)
     r = scale_rounding(step, impl.caps.scale_dtype)
-    codes = qt.codes.to(torch.int64)
+    codes = qt.codes.to(torch.float64)
     if qt.zero is not None:
-        codes = codes - step_per_element(Quantized(codes, qt.zero.double())).to(torch.int64)  # q - z, (rows, cols)
+        codes = codes - step_per_element(Quantized(qt.codes, qt.zero.double()))  # q - z, (rows, cols)
     k = torch.full_like(step, TOLERANCES[("quantize", w.dtype)].k)
     if impl.caps.code_range == "signed_extreme":  # past 2^(b-1) - 1/2 steps the top code clips: a whole step
         k[codes == qmax(bits)] *= 2
+    if impl.caps.zero_point == "float_edge":  # the end opposite the exact one may clip at code 0 or 2^b - 1
+        k[(qt.codes == 0) | (qt.codes == 2**bits - 1)] *= 2
     bound = k * (step + r) + codes.abs() * r + slack(w, w_hat)
     bad = err > bound
     assert not bool(bad.any()), (f"{impl.name}: |w - dq(q(w))| = {err[bad][0].item():.4g} exceeds s/2 = "
@@ -151,7 +161,7 @@ def test_codes_in_range(impl, data):
     codes = qt.codes.to(torch.int64)
     assert int(codes.min()) >= lo and int(codes.max()) <= hi, (
         f"{impl.name}: {case.bits}-bit codes span [{int(codes.min())}, {int(codes.max())}], outside [{lo}, {hi}]")
-    if qt.zero is not None:
+    if qt.zero is not None and impl.caps.zero_point == "integer":  # a float zero point is -min/s: any real
         zero = qt.zero.to(torch.int64)
         assert int(zero.min()) >= lo and int(zero.max()) <= hi, f"{impl.name}: zero points outside [{lo}, {hi}]"
 
@@ -197,15 +207,29 @@ def test_zero_point_scales_match_reference(impl, data):
     """Asymmetric: every group's scale is (max(w, 0) - min(w, 0)) / (2^b - 1) and its zero point
     round(-min(w, 0) / s), as the contract defines them (float64 reference).  The half-step error bound
     alone cannot see a wrong scale: it is measured against the implementation's own step.  A zero point
-    may differ by one only where -min(w, 0) / s lies within the scale's rounding of a tie."""
+    may differ by one only where -min(w, 0) / s lies within the scale's rounding of a tie.  A declared
+    ``zero_point="float"`` (HQQ, quanto) or ``"float_edge"`` (MLX) is checked in its own convention:
+    s = (max(w) - min(w)) / (2^b - 1) and z = -min(w) / s unrounded, within a few roundings of w's dtype (in code
+    units: z's own size times them)."""
     case = draw_case(data, impl)
     w = case.tensor()
     qt = quantize_case(impl, case, w)
+    assert qt.zero is not None, f"{impl.name} declares symmetric=False but returns no zero point"
+    if impl.caps.zero_point != "integer":
+        truth = reference(impl, w, case)
+        assert_scales_match(impl, qt, truth, w.dtype, f"the {impl.caps.zero_point} rule, (max(w) - min(w)) / "
+                                                      f"{2**case.bits - 1} at its heart")
+        used = truth.scale != 0
+        err = (qt.zero.double() - truth.zero).abs()
+        bad = used & (err > 4 * scale_rtol(w.dtype) * (truth.zero.abs() + 2**case.bits))
+        assert not bool(bad.any()), (
+            f"{impl.name}: zero point {qt.zero[bad][0].item():.6g} where -min(w) / s = {truth.zero[bad][0].item():.6g}"
+            f" at group {bad.nonzero()[0].tolist()}")
+        return
     truth = zero_point_quantize64(w, case.bits, case.granularity, case.group_size)
     used = truth.scale > 0  # all-zero groups may carry any finite scale (test_all_zero_groups_give_zeros)
     rtol = scale_rtol(w.dtype)
     assert_scales_match(impl, qt, truth, w.dtype, f"(max(w, 0) - min(w, 0)) / {2**case.bits - 1}")
-    assert qt.zero is not None, f"{impl.name} declares symmetric=False but returns no zero point"
     lo = w.double().reshape(*scale_shape(w, case.granularity, case.group_size), -1).amin(dim=-1).clamp(max=0)
     raw = -lo / truth.scale.clamp(min=1e-300)  # (R, G): the zero point before rounding
     near_tie = ((raw - raw.floor() - 0.5).abs() <= rtol * (raw + 1)) & used
@@ -271,6 +295,8 @@ def test_extreme_magnitudes(impl, data, extreme):
 
 @applies(lambda impl: "the full convention's grid is not closed: a positive peak dequantizes to 2^(b-1) - 1 "
          "steps, so its requantized scale shrinks" if impl.caps.code_range == "full" else None)
+@applies(lambda impl: "the float_edge grid is not closed: where the codes do not reach the far end, the "
+         "dequantized range is narrower and its scale is chosen anew" if impl.caps.zero_point == "float_edge" else None)
 @given(data=st.data())
 def test_requantize_is_identity(impl, data):
     """q(dq(q(w))) = q(w): the dequantized tensor is already on the grid, with the same scales."""
@@ -331,13 +357,17 @@ def test_granularity_bounds_nest(impl, data):
 
 @given(data=st.data())
 def test_all_zero_groups_give_zeros(impl, data):
-    """All-zero tensors, rows and groups give codes that dequantize to exactly 0, finite scales, no NaN."""
+    """All-zero tensors, rows and groups give codes that dequantize to exactly 0, finite scales, no NaN (with a
+    declared float zero point, the all-zero groups: a zero among other values is off the grid)."""
     case = draw_case(data, impl, zeros=True)
     w = case.tensor()
     for tensor in (w, torch.zeros_like(w)):
         qt = quantize_case(impl, case, tensor)  # `call` already rejects NaN/inf scales
         w_hat = dequantize(qt)
         zero = tensor == 0
+        if impl.caps.zero_point != "integer":  # 0 is on the grid of an all-zero group only: a zero in a wider range
+            groups = step_per_element(quantize64(tensor, 2, case.granularity, case.group_size))  # its group's max|w|
+            zero &= groups == 0  # gets (round(z) - z) s, within half a step (test_error_within_half_step)
         assert bool(torch.isfinite(w_hat).all()), f"{impl.name}: dequantized a zero group to NaN/inf"
         assert bool((w_hat[zero] == 0).all()), f"{impl.name}: zeros dequantize to {w_hat[zero].abs().max().item():.3g}"
 
@@ -366,8 +396,8 @@ def test_rejects_bad_input(impl):
 
 
 def undeclared_formats(impl) -> dict:
-    """Valid calls outside the declared formats (a bit width, granularity or group size it does not serve): the
-    implementation must refuse them, naming the argument, rather than answer in another format."""
+    """Valid calls outside the declared formats (a bit width, granularity or group size it does not serve or
+    excludes): the implementation must refuse them, naming the argument, rather than answer in another format."""
     caps, cases = impl.caps, {}
     gran = caps.granularities[0]
     size = caps.group_sizes[0] if gran == "group" and caps.group_sizes else (2 if gran == "group" else None)
@@ -382,6 +412,10 @@ def undeclared_formats(impl) -> dict:
         other = next(g for g in range(2, 1000) if g not in caps.group_sizes)
         cases[f"undeclared group size {other}"] = (lambda: torch.randn(4, 4 * other), {
             "bits": caps.bits[0], "granularity": "group", "group_size": other}, "group_size")
+    if caps.excluded_group_sizes and "group" in caps.granularities:
+        excluded = caps.excluded_group_sizes[0]
+        cases[f"excluded group size {excluded}"] = (lambda: torch.randn(4, 4 * excluded), {
+            "bits": caps.bits[0], "granularity": "group", "group_size": excluded}, "group_size")
     return cases
 
 

@@ -70,11 +70,14 @@ def test_matches_scheme_in_low_precision(impl, data):
 
 
 def assert_scheme_in_low_precision(impl, x, w, bits, calib, what: str) -> None:
+    """Within the rounding of the scheme's working dtype (x's, or a declared narrower compute dtype) of the
+    scheme's float64 reference, which rounds the inputs to that dtype first."""
     out = call(impl, x, w, bits=bits, calib=calib).double()
     scheme = Scheme.of(impl)
+    work = scheme.working_dtype(x.dtype)
     truth = quantized_linear64(x, w, bits=bits, scheme=scheme, calib=calib)
-    ties = quantized_linear_tie_bound(x, w, bits=bits, scheme=scheme, calib=calib, rel=16 * torch.finfo(x.dtype).eps)
-    bound = TOLERANCES[("quantized_matmul", x.dtype)].floor * (x.double().abs() @ w.double().abs().T) + ties
+    ties = quantized_linear_tie_bound(x, w, bits=bits, scheme=scheme, calib=calib, rel=16 * torch.finfo(work).eps)
+    bound = TOLERANCES[("quantized_matmul", work)].floor * (x.double().abs() @ w.double().abs().T) + ties
     err = (out - truth).abs()
     bad = err > bound
     assert not bool(bad.any()), (
@@ -109,7 +112,7 @@ def test_error_within_derived_bound(impl, data):
     x, w, calib = case.tensors()
     out = call(impl, x, w, bits=case.bits, calib=calib).double()
     exact = x.double() @ w.double().T  # (n, out)
-    tol = TOLERANCES[("quantized_matmul", x.dtype)]
+    tol = TOLERANCES[("quantized_matmul", Scheme.of(impl).working_dtype(x.dtype))]
     bound = (tol.k * quantized_linear_error_bound(x, w, bits=case.bits, scheme=Scheme.of(impl), calib=calib)
              + tol.floor * (x.double().abs() @ w.double().abs().T))
     err = (out - exact).abs()
@@ -119,22 +122,88 @@ def test_error_within_derived_bound(impl, data):
 
 
 @needs_cap("outlier_threshold", "only LLM.int8()-style decompositions keep outlier columns in floating point")
-@needs_dtype("float64")
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_outlier_columns_exact(impl, data, seed):
     """Changing the values in the outlier columns (keeping them outliers) changes the output by exactly
-    delta_x[:, O] @ w[:, O].T: those columns never pass through int8."""
-    case = draw_case(data, impl, dtypes=("float64",), min_outliers=1)
+    delta_x[:, O] @ w[:, O].T: those columns never pass through int8.  In float64 to its rounding; an
+    implementation without float64 in its working dtype's, with the outlier columns' weights a sixteenth of
+    their rows' (rounded to the int8 grid of the row, such a weight would be off by up to a third of itself,
+    far past that rounding)."""
+    low = "float64" not in impl.dtypes
+    case = draw_case(data, impl, dtypes=impl.dtypes if low else ("float64",), min_outliers=1)
     x, w, calib = case.tensors()
     cols = list(case.outliers)
+    if low:
+        w[:, cols] /= 16
     x2 = x.clone()
     x2[:, cols] = x[:, cols] * (1 + torch.rand(len(cols), generator=torch.Generator().manual_seed(seed),
-                                               dtype=torch.float64).to(x.device))  # still above the threshold
-    y1, y2 = (call(impl, t, w, bits=case.bits, calib=calib) for t in (x, x2))
-    expected = (x2 - x)[:, cols] @ w[:, cols].T  # (n, out)
-    err = ((y2 - y1) - expected).abs().max().item()
-    bound = TOLERANCES[("forward", torch.float64)].floor * max(1.0, y1.abs().max().item(), y2.abs().max().item())
-    assert err <= bound, f"{impl.name}: outlier columns are not computed exactly: off by {err:.3g} > {bound:.3g}"
+                                               dtype=torch.float64).to(x.device)).to(x.dtype)  # still outliers
+    y1, y2 = (call(impl, t, w, bits=case.bits, calib=calib).double() for t in (x, x2))
+    expected = (x2 - x).double()[:, cols] @ w.double()[:, cols].T  # (n, out)
+    work = Scheme.of(impl).working_dtype(x.dtype)
+    err = ((y2 - y1) - expected).abs()
+    bound = TOLERANCES[("forward", work)].floor * torch.maximum(y1.abs() + y2.abs() + expected.abs(),
+                                                                torch.ones_like(y1))
+    bad = err > bound
+    assert not bool(bad.any()), (f"{impl.name}: outlier columns are not computed exactly: off by "
+                                 f"{err[bad][0].item():.3g} > {bound[bad][0].item():.3g} at "
+                                 f"{bad.nonzero()[0].tolist()}")
+
+
+def computes_narrower(impl) -> str | None:
+    """Skip reason unless the implementation declares a compute dtype narrower than one of its I/O dtypes."""
+    scheme = Scheme.of(impl)
+    if scheme.compute_dtype is None:
+        return "declares no compute_dtype: it computes in x's own dtype"
+    if not wider_dtypes(impl):
+        return f"declares compute_dtype={scheme.compute_dtype} and no wider I/O dtype"
+    return None
+
+
+def wider_dtypes(impl) -> tuple[str, ...]:
+    scheme = Scheme.of(impl)
+    return tuple(d for d in impl.dtypes if scheme.working_dtype(getattr(torch, d)) != getattr(torch, d))
+
+
+@applies(computes_narrower)
+@given(data=st.data())
+def test_computes_in_the_declared_dtype(impl, data):
+    """A layer declaring a compute dtype narrower than x's (bitsandbytes: float16 for float32 x) gives, on inputs
+    off that dtype's grid, the scheme's output of the inputs rounded to it, within that dtype's rounding: not
+    another precision's (bfloat16's rounding is 8x float16's), and the output still in x's dtype (`call`)."""
+    case = draw_case(data, impl, dtypes=wider_dtypes(impl), leading_dims=True)
+    x, w, calib = case.tensors()
+    assert_scheme_in_low_precision(impl, x, w, case.bits, calib,
+                                   f"in {case.dtype}, declaring compute_dtype={impl.caps.compute_dtype}")
+
+
+@needs_cap("outlier_threshold", "only LLM.int8()-style decompositions compare activations with a threshold")
+@needs_cap("act", "weight-only: the activations' rounding, which shows the comparison here, is not there")
+@given(data=st.data(), sign=st.sampled_from([1.0, -1.0]))
+def test_outlier_threshold_comparison(impl, data, sign):
+    """A column whose largest |x| is exactly the threshold is an outlier under a declared ``>=`` and not under
+    ``>``.  The two readings differ by far more than rounding here: the other columns hold +-threshold / 300, so
+    when the threshold column stays in the int8 product (row scale threshold / 127) they all round to code 0,
+    and when it leaves they keep their values.  The output must be nearer its declared reading than the other one,
+    by the margin between them."""
+    case = draw_case(data, impl)
+    d_in = case.d_in * -(-16 // case.d_in)  # at least 16 columns (a multiple of the declared group size)
+    t = impl.caps.outlier_threshold
+    dtype, device = getattr(torch, case.dtype), case.device
+    w = torch.rand(case.d_out, d_in, generator=torch.Generator().manual_seed(case.seed), dtype=torch.float64) + 0.5
+    w[:, 0] = w.amax(dim=1)  # (out, in): positive, so the small columns' loss adds up; column 0 on the int8 grid
+    x = torch.full((case.n, d_in), t / 300, dtype=torch.float64)  # (n, in): tiny, every column
+    x[:, 0] = sign * t  # exactly the threshold, in every row (t is a float16 value: exact in every dtype)
+    x, w = x.to(dtype).to(device), w.to(dtype).to(device)
+    out = call(impl, x, w, bits=case.bits).double()
+    scheme = Scheme.of(impl)
+    other = Scheme(**{**scheme.__dict__, "outlier_compare": ">" if scheme.outlier_compare == ">=" else ">="})
+    declared, undeclared = (quantized_linear64(x, w, bits=case.bits, scheme=s) for s in (scheme, other))
+    gap = (declared - undeclared).abs().max().item()
+    err = (out - declared).abs().max().item()
+    assert err < gap / 2, (f"{impl.name}: with |x| = threshold {t} in column 0, the output is {err:.4g} from its "
+                           f"declared outlier_compare={scheme.outlier_compare!r} reading, and the two readings are "
+                           f"{gap:.4g} apart: it compares the other way")
 
 
 @needs_cap("act", "weight-only layers compute no statistics of the activations that could go stale")

@@ -6,7 +6,9 @@
   Query head h reads kv head h // (H // Hkv).
 * scale defaults to 1/sqrt(d).
 * causal is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (FlashAttention >= 2.1,
-  and what KV-cache decoding needs). A query row that sees no key returns zeros.
+  and what KV-cache decoding needs). A query row that sees no key returns zeros.  An implementation aligned
+  top-left (j <= i: PyTorch SDPA's is_causal, ONNX's Attention operator) declares ``causal_align="top_left"``
+  and is judged against the top-left reference; the two agree when Nq = Nk.
 * causal must be a bool. B, H, Nq and Nk may be 0: the output is then empty (or zeros when Nk = 0).
 * The output has q's shape, dtype and device. Inputs are left unchanged.
 * Layouts: q, k and v may each be any strided view, each its own -- heads viewed out of a (B, N, H, d)
@@ -67,6 +69,9 @@ class AttentionCaps(BatchedCaps):
     triton: bool = cap(False, "a Triton kernel (also checked by the Triton output-and-L property)")
     masked_rows: Literal["zeros", "unspecified"] = cap(
         "zeros", "what a query row that sees no key returns: zeros (the contract), or unspecified (unchecked)")
+    causal_align: Literal["bottom_right", "top_left"] = cap(
+        "bottom_right", "causal mask when Nq != Nk: query i sees key j <= i + Nk - Nq (bottom_right, FlashAttention "
+                        ">= 2.1), or j <= i (top_left: SDPA's is_causal, ONNX Attention)")
 
 
 ATTENTION = define(
@@ -158,11 +163,13 @@ def no_work_output(q: torch.Tensor, Nk: int) -> torch.Tensor | None:
     return torch.zeros_like(q) if q.numel() == 0 or Nk == 0 else None
 
 
-def causal_allowed(Nq: int, Nk: int, rows: slice = slice(None), cols: slice = slice(None), device=None):
-    """Bool (rows, cols) block of the bottom-right causal mask: query i may see key j iff j <= i + Nk - Nq."""
+def causal_allowed(Nq: int, Nk: int, rows: slice = slice(None), cols: slice = slice(None), device=None,
+                   align: str = "bottom_right"):
+    """Bool (rows, cols) block of the causal mask: query i may see key j iff j <= i + Nk - Nq (bottom-right), or
+    j <= i (``align="top_left"``)."""
     i = torch.arange(Nq, device=device)[rows, None]  # (Br, 1)
     j = torch.arange(Nk, device=device)[None, cols]  # (1, Bc)
-    return j <= i + (Nk - Nq)
+    return j <= i + (0 if align == "top_left" else Nk - Nq)
 
 
 def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float | None):
@@ -171,7 +178,8 @@ def call(impl: Impl, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     out = guarded_call(impl.fn, q, k, v, causal=causal, scale=scale, arg_names=("q", "k", "v"),
                        timeout_s=call_limit(impl))
     if impl.caps.masked_rows == "unspecified" and isinstance(out, torch.Tensor) and out.shape == q.shape:
-        out = out.masked_fill(~sees_a_key(q.shape[2], k.shape[2], causal, out.device)[:, None], 0)
+        out = out.masked_fill(~sees_a_key(q.shape[2], k.shape[2], causal, out.device, impl.caps.causal_align)[:, None],
+                              0)
     return on_device_of(q, check_tensor(out, what=f"{impl.name} output", shape=tuple(q.shape), dtype=q.dtype,
                                         device=q.device), f"{impl.name} output")
 
@@ -183,10 +191,12 @@ def on_device_of(q: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:
     return out
 
 
-def sees_a_key(Nq: int, Nk: int, causal: bool, device=None) -> torch.Tensor:
-    """Bool (Nq,): whether query row i sees at least one key (with causal, iff i + Nk - Nq >= 0)."""
+def sees_a_key(Nq: int, Nk: int, causal: bool, device=None, align: str = "bottom_right") -> torch.Tensor:
+    """Bool (Nq,): whether query row i sees at least one key (with causal, iff i + Nk - Nq >= 0; top-left: always
+    where there is a key)."""
     rows = torch.arange(Nq, device=device)
-    return (rows + Nk - Nq >= 0) & (Nk > 0) if causal else torch.full((Nq,), Nk > 0, device=device)
+    offset = 0 if align == "top_left" else Nk - Nq
+    return (rows + offset >= 0) & (Nk > 0) if causal else torch.full((Nq,), Nk > 0, device=device)
 
 
 def declared_max_len(impl: Impl) -> str | None:

@@ -36,6 +36,15 @@ draw only inside what it declares, and skip, naming the format, what needs more:
   (|s| + r) / 2 + |q| r, r = half the spacing of scale_dtype at s, and the round trips are off by |q| r.
 * ``scale_floor``: no scale is smaller than this (torch.ao's observers floor it at float32's eps): the
   reference scale is then max(rule, floor), and the absmax round trip is not expected where it binds.
+* ``excluded_group_sizes``: group sizes the format refuses although they divide the columns (MLX serves only
+  32, 64 and 128; MatMulNBits' blocks are powers of two from 16): never drawn, and refused naming group_size.
+* ``zero_point="float"`` (asymmetric only): the zero point is a real number, not a code (HQQ, optimum-quanto's
+  int4 shift, MLX's bias): s = (max(w) - min(w)) / (2^b - 1) over the group's own range (0 need not be in it,
+  nor on the grid) and z = -min(w) / s, returned as a floating-point tensor in code units, so that
+  w_hat = (q - z) s as for an integer one.  An all-zero group still dequantizes to zeros.
+  ``zero_point="float_edge"`` (MLX's affine mode): the same, but the group's end of larger magnitude e is made
+  exact, s = e / round(e / s0) with s0 = (max - min) / (2^b - 1) signed so that e / s0 <= 0, and z = -e / s:
+  s may be negative (the codes then count down from e), and the other end may fall up to a step short.
 
 What stays exact under every declaration: codes in the declared range, the error bound, the absmax scale
 rule of the declared convention, requantization being the identity (not in the full convention, whose
@@ -74,6 +83,11 @@ class QuantizationCaps(Caps):
                                               "s = extreme/-2^(b-1), the extreme at -2^(b-1) (GGUF Q4_0)")
     scale_dtype: str | None = cap(None, "the dtype whose values the scales hold (GGUF: float16); None: w's dtype")
     scale_floor: float = cap(0.0, "no scale is below this (torch.ao observers: float32 eps)")
+    excluded_group_sizes: tuple[int, ...] = cap((), "group sizes it refuses although they divide the columns "
+                                                    "(MLX: all but 32, 64, 128)")
+    zero_point: Literal["integer", "float", "float_edge"] = cap(
+        "integer", "asymmetric: an integer code z with the range widened to hold 0; float: z = -min/s over the "
+                   "group's own range (HQQ, quanto int4); float_edge: the larger end made exact (MLX)")
 
     def __post_init__(self) -> None:
         """A declaration no property could read rightly is refused, naming the capability."""
@@ -89,6 +103,13 @@ class QuantizationCaps(Caps):
         if self.scale_dtype is not None and self.scale_dtype not in SCALE_DTYPES:
             raise ValueError(f"quantization: capability scale_dtype must be one of {SCALE_DTYPES}, "
                              f"got {self.scale_dtype!r}")
+        if self.zero_point != "integer" and self.symmetric:
+            raise ValueError(f"quantization: capability zero_point={self.zero_point!r} is for asymmetric quantizers "
+                             "(symmetric=False)")
+        if self.excluded_group_sizes and (self.group_sizes is not None or min(self.excluded_group_sizes) < 1):
+            raise ValueError("quantization: capability excluded_group_sizes takes positive sizes, and only where "
+                             "group_sizes is None (an explicit list excludes the rest), got "
+                             f"{self.excluded_group_sizes!r}")
         if not (math.isfinite(self.scale_floor) and self.scale_floor >= 0):
             raise ValueError(f"quantization: capability scale_floor must be finite and >= 0, got {self.scale_floor!r}")
 
@@ -149,6 +170,8 @@ def check_format(caps: QuantizationCaps, bits: int, granularity: str, group_size
         raise ValueError(f"{who}: granularity={granularity!r} is not served; it serves {caps.granularities}")
     if granularity == "group" and caps.group_sizes is not None and group_size not in caps.group_sizes:
         raise ValueError(f"{who}: group_size={group_size} is not served; it serves group sizes {caps.group_sizes}")
+    if granularity == "group" and group_size in caps.excluded_group_sizes:
+        raise ValueError(f"{who}: group_size={group_size} is not served; it excludes {caps.excluded_group_sizes}")
 
 
 def scale_shape(w: torch.Tensor, granularity: str, group_size: int | None) -> tuple[int, int]:
@@ -209,9 +232,12 @@ def call(impl: Impl, w: torch.Tensor, *, bits: int, granularity: str, group_size
                  device=w.device)
     if qt.zero is not None:
         check_tensor(qt.zero, what=f"{impl.name} zero", shape=tuple(qt.scale.shape), device=w.device)
-        if qt.zero.is_floating_point() or qt.zero.is_complex():  # a fractional zero point cannot map 0 exactly
-            raise ContractViolation(f"{impl.name} zero: dtype {qt.zero.dtype}, expected an integer dtype")
-    if bool((qt.scale < 0).any()) and impl.caps.code_range != "signed_extreme":
+        floating = qt.zero.is_floating_point() or qt.zero.is_complex()
+        if floating != (impl.caps.zero_point != "integer"):  # a fractional zero point cannot map 0 exactly
+            raise ContractViolation(f"{impl.name} zero: dtype {qt.zero.dtype}, expected "
+                                    f"{'an integer' if impl.caps.zero_point == 'integer' else 'a floating'} dtype "
+                                    f"(declared zero_point={impl.caps.zero_point!r})")
+    if bool((qt.scale < 0).any()) and impl.caps.code_range != "signed_extreme" and impl.caps.zero_point != "float_edge":
         raise ContractViolation(f"{impl.name} scale: negative scale {qt.scale.min().item():.3g}")
     if impl.caps.scale_dtype is not None:
         stored = qt.scale.to(getattr(torch, impl.caps.scale_dtype)).to(qt.scale.dtype)

@@ -15,6 +15,10 @@
       s = absmax / (2^(b-1) - 1/2), torchao's int8), for the weight and the activations alike
     act: None (weight only) | "tensor" | "token": absmax scales of x computed at run time
     outlier_threshold: LLM.int8(): the input columns with some |x| > threshold stay in floating point
+      (``outlier_compare=">="``: |x| >= threshold, as bitsandbytes compares)
+    compute_dtype: the dtype the layer computes in when it is narrower than x's (bitsandbytes casts x and w to
+      float16 before quantizing them): the scheme is then that of x, w and calib rounded to it, and the rounding
+      allowance that dtype's, while the output keeps x's dtype
     smooth_alpha: SmoothQuant: x / s and s * w with s_j = max|X_j|^a / max|W_j|^(1-a), before quantizing
   The float64 oracle of a scheme is `harness.references.quantized_linear64`; the error of the scheme
   against x @ w.T is bounded element-wise by `harness.references.quantized_linear_error_bound`.
@@ -47,6 +51,10 @@ class QuantizedLinearCaps(BatchedCaps):
     code_range: Literal["restricted", "full"] = cap("restricted", "codes +-(2^(b-1)-1) with s = absmax/(2^(b-1)-1), "
                                                                   "or full -2^(b-1)..2^(b-1)-1 with s = absmax/"
                                                                   "(2^(b-1)-1/2) (torchao: absmax/127.5)")
+    outlier_compare: Literal[">", ">="] = cap(">", "LLM.int8(): a column is an outlier where some |x| > threshold, "
+                                                  "or >= (bitsandbytes)")
+    compute_dtype: Literal["float32", "bfloat16", "float16"] | None = cap(
+        None, "the dtype it computes in where x's is wider (bitsandbytes: float16); None: x's own")
 
 QUANTIZED_LINEAR = define(
     Technique(
@@ -68,6 +76,8 @@ class Scheme:
     outlier_threshold: float | None = None
     smooth_alpha: float | None = None
     code_range: str = "restricted"
+    outlier_compare: str = ">"
+    compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
         """A scheme comes from an implementation's declared capabilities (a plugin's too): reject what no
@@ -84,7 +94,15 @@ class Scheme:
     def of(cls, impl: Impl) -> Scheme:
         c = impl.caps
         return cls(weight=c.weight, group_size=c.group_size, act=c.act, outlier_threshold=c.outlier_threshold,
-                   smooth_alpha=c.smooth_alpha, code_range=c.code_range)
+                   smooth_alpha=c.smooth_alpha, code_range=c.code_range, outlier_compare=c.outlier_compare,
+                   compute_dtype=c.compute_dtype)
+
+    def working_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the scheme computes in for inputs of ``dtype``: the declared compute dtype where narrower."""
+        if self.compute_dtype is None:
+            return dtype
+        compute = getattr(torch, self.compute_dtype)
+        return compute if torch.finfo(compute).bits < torch.finfo(dtype).bits else dtype
 
 
 def check_bits(served: tuple[int, ...], bits: int, who: str) -> None:

@@ -10,12 +10,14 @@ import torch.nn.functional as F
 from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, score_dtype
 
 
-def attention64(q, k, v, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v in float64, straight from the definition; masked-out rows give 0."""
+def attention64(q, k, v, *, causal: bool = False, scale: float | None = None,
+                align: str = "bottom_right") -> torch.Tensor:
+    """softmax(q k^T * scale) v in float64, straight from the definition; masked-out rows give 0.  ``align``: the
+    causal mask's alignment, the contract's bottom_right or a declared top_left (every function here takes it)."""
     scale = check_inputs(q, k, v, scale, causal)
     check_scores_budget("attention reference", q, k.shape[2], copies=2, dtype=torch.float64)
     q, k, v = q.double(), k.double(), v.double()
-    s = _scores(q, k, scale, causal)  # (B, Hkv, G, Nq, Nk)
+    s = _scores(q, k, scale, causal, align)  # (B, Hkv, G, Nq, Nk)
     return (_softmax_rows(s) @ v[:, :, None]).reshape(q.shape)  # (B, H, Nq, d)
 
 
@@ -24,7 +26,7 @@ LSE_PARTITION = 32  # keys per partition of the LSE-merged plain order (split-K 
 
 
 def attention_plain(q, k, v, *, causal: bool = False, scale: float | None = None,
-                    scores_in: torch.dtype | None = None) -> list[torch.Tensor]:
+                    scores_in: torch.dtype | None = None, align: str = "bottom_right") -> list[torch.Tensor]:
     """The 'plain computations' that earn tolerances: the formula carried out in the inputs' own dtype
     in six mathematically identical operation orders.  Four divide by the row sum: d summed in reverse;
     q scaled before the product (normalizing before the product with v); d split in two halves; base-2
@@ -48,27 +50,29 @@ their logsumexps are held in float32 for half inputs, as the L a forward returns
         q, k = q.to(scores_in), k.to(scores_in)  # exact: a wider float holds every value of the narrower one
     h = q.shape[-1] // 2
     divided = [
-        (_scores(q.flip(-1), k.flip(-1), scale, causal), False, torch.exp),
-        (_scores(q * scale, k, 1.0, causal), True, torch.exp),
-        (_scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal), False,
+        (_scores(q.flip(-1), k.flip(-1), scale, causal, align), False, torch.exp),
+        (_scores(q * scale, k, 1.0, causal, align), True, torch.exp),
+        (_scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal, align), False,
          torch.exp),
-        (_scores(q, k, scale * math.log2(math.e), causal), False, torch.exp2),
+        (_scores(q, k, scale * math.log2(math.e), causal, align), False, torch.exp2),
     ]
     outs = [_softmax_v(s, v, normalize_first, exp, T) for s, normalize_first, exp in divided]
     wide = score_dtype(T)  # a logsumexp is held in float32 at least: the L a forward returns is float32 or float64
-    outs += [_lse_normalized_v(_scores(q, k, scale, causal).to(wide), v, T),
-             _lse_merged_v(_scores(q * scale, k, 1.0, causal).to(wide), v, T)]
+    outs += [_lse_normalized_v(_scores(q, k, scale, causal, align).to(wide), v, T),
+             _lse_merged_v(_scores(q * scale, k, 1.0, causal, align).to(wide), v, T)]
     return [_heads(o).to(T) for o in outs]
 
 
-def large_logit_yardstick(q, k, v, *, causal: bool = False, scale: float | None = None):
+def large_logit_yardstick(q, k, v, *, causal: bool = False, scale: float | None = None,
+                          align: str = "bottom_right"):
     """(plains, conditioning) that earn the bound at logits past ~88: the plain computations with scores in
     score_dtype(q.dtype), and the rounding the scores and subtracted logsumexps cost there."""
-    return (attention_plain(q, k, v, causal=causal, scale=scale, scores_in=score_dtype(q.dtype)),
-            attention_score_conditioning(q, k, v, causal=causal, scale=scale))
+    return (attention_plain(q, k, v, causal=causal, scale=scale, scores_in=score_dtype(q.dtype), align=align),
+            attention_score_conditioning(q, k, v, causal=causal, scale=scale, align=align))
 
 
-def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float | None = None) -> float:
+def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float | None = None,
+                                 align: str = "bottom_right") -> float:
     """First-order bound on the output error that rounding the scores, and the logsumexps subtracted
     from them, causes at large logits; scores carried in score_dtype(q.dtype) (float32 for half inputs).
 
@@ -97,7 +101,7 @@ def attention_score_conditioning(q, k, v, *, causal: bool = False, scale: float 
     d = q.shape[-1]
     gamma = d * u / (1 - d * u)
     q64, k64, v64 = q.double(), k.double(), v.double()
-    s = _scores(q64, k64, scale, causal)  # (B, Hkv, G, Nq, Nk)
+    s = _scores(q64, k64, scale, causal, align)  # (B, Hkv, G, Nq, Nk)
     ds = gamma * abs(scale) * _scores(q64.abs(), k64.abs(), 1.0, False) + u * s.abs().nan_to_num(0, 0, 0)
     p = _softmax_rows(s)
     o = p @ v64[:, :, None]  # (B, Hkv, G, Nq, d)
@@ -186,27 +190,31 @@ def _heads(out: torch.Tensor) -> torch.Tensor:
     return out.reshape(B, Hkv * G, Nq, d)  # (B, H, Nq, d)
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool,
+            align: str = "bottom_right") -> torch.Tensor:
     (B, H, Nq, d), Hkv, Nk = q.shape, k.shape[1], k.shape[2]
     qg = q.reshape(B, Hkv, H // Hkv, Nq, d)  # (B, Hkv, G, Nq, d): query head h reads kv head h // G
     s = (qg @ k[:, :, None].transpose(-1, -2)) * scale  # (B, Hkv, G, Nq, Nk)
-    return s.masked_fill(~causal_allowed(Nq, Nk, device=q.device), float("-inf")) if causal else s
+    return s.masked_fill(~causal_allowed(Nq, Nk, device=q.device, align=align), float("-inf")) if causal else s
 
 
-def attention_lse64(q, k, v, *, causal: bool = False, scale: float | None = None):
+def attention_lse64(q, k, v, *, causal: bool = False, scale: float | None = None,
+                    align: str = "bottom_right"):
     """(o, L) in float64: the forward output and L_i = logsumexp_j of the scaled, masked scores (-inf: no key)."""
     scale = check_inputs(q, k, v, scale, causal)
-    s = _scores(q.double(), k.double(), scale, causal)  # (B, Hkv, G, Nq, Nk)
-    return attention64(q, k, v, causal=causal, scale=scale), torch.logsumexp(s, dim=-1).reshape(q.shape[:-1])
+    s = _scores(q.double(), k.double(), scale, causal, align)  # (B, Hkv, G, Nq, Nk)
+    o = attention64(q, k, v, causal=causal, scale=scale, align=align)
+    return o, torch.logsumexp(s, dim=-1).reshape(q.shape[:-1])
 
 
-def attention_lse_plain(q, k, v, *, causal: bool = False, scale: float | None = None) -> list[torch.Tensor]:
+def attention_lse_plain(q, k, v, *, causal: bool = False, scale: float | None = None,
+                        align: str = "bottom_right") -> list[torch.Tensor]:
     """L carried out in the inputs' own dtype, in the four score orders of `attention_plain`."""
     scale = check_inputs(q, k, v, scale, causal)
     h = q.shape[-1] // 2
-    orders = [_scores(q.flip(-1), k.flip(-1), scale, causal), _scores(q * scale, k, 1.0, causal),
-              _scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal)]
-    s2 = _scores(q, k, scale * math.log2(math.e), causal)  # base 2: L = ln 2 * (m2 + log2 sum 2^(s2 - m2))
+    orders = [_scores(q.flip(-1), k.flip(-1), scale, causal, align), _scores(q * scale, k, 1.0, causal, align),
+              _scores(q[..., :h], k[..., :h], scale, False) + _scores(q[..., h:], k[..., h:], scale, causal, align)]
+    s2 = _scores(q, k, scale * math.log2(math.e), causal, align)  # base 2: L = ln 2 * (m2 + log2 sum 2^(s2 - m2))
     m2 = s2.amax(dim=-1, keepdim=True)
     m2 = torch.where(torch.isfinite(m2), m2, 0)  # rows that see no key: log2(0) = -inf below
     base2 = (torch.exp2(s2 - m2).sum(dim=-1, keepdim=True).log2() + m2) * math.log(2)

@@ -48,3 +48,28 @@ def declared_quantize64(w: torch.Tensor, bits: int, granularity: str, group_size
     lo, hi = code_range(bits, True, caps.code_range)
     q = torch.where(s[..., None] != 0, blocks / s[..., None], 0.0).round().clamp(lo, hi)  # (R, G, g)
     return Quantized(q.reshape(rows, cols).to(torch.int64), s)
+
+
+def float_zero_point_quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None,
+                                edge: bool = False, floor: float = 0.0) -> Quantized:
+    """Asymmetric quantization with a floating-point zero point (``zero_point="float"``), in float64: over the
+    group's own range, s = (max(w) - min(w)) / (2^b - 1) and z = -min(w) / s (z = 0 where s = 0: an all-zero, or
+    constant, group), codes clamp(round(w / s + z), 0, 2^b - 1); w_hat = (q - z) s.  ``edge`` (float_edge, MLX):
+    the end e of larger magnitude made exact, s = e / round(e / s0) with s0 signed so that e / s0 <= 0, z = -e / s.
+    ``floor``: a declared scale_floor, s = max(s, floor) where the group is not all zero (HQQ's 5e-5)."""
+    w = w.double()
+    rows, cols = w.shape
+    blocks = w.reshape(*scale_shape(w, granularity, group_size), -1)  # (R, G, elements per scale)
+    lo, hi = blocks.amin(dim=-1), blocks.amax(dim=-1)  # (R, G)
+    s = (hi - lo) / (2**bits - 1)
+    s = torch.where((s < floor) & (hi - lo > 0), torch.full_like(s, floor), s)
+    base = lo
+    if edge:
+        low_end = lo.abs() > hi.abs()
+        e, s0 = torch.where(low_end, lo, hi), torch.where(low_end, s, -s)  # (R, G): e / s0 <= 0
+        q0 = torch.round(e / torch.where(s0 != 0, s0, 1.0))
+        s, base = torch.where(q0 != 0, e / torch.where(q0 != 0, q0, 1.0), s0), torch.where(q0 != 0, e, 0.0)
+    safe = torch.where(s != 0, s, 1.0)
+    z = torch.where(s != 0, -base / safe, 0.0)  # (R, G)
+    q = torch.where(s[..., None] != 0, torch.round(blocks / safe[..., None] + z[..., None]), 0.0)  # (R, G, g)
+    return Quantized(q.clamp(0, 2**bits - 1).reshape(rows, cols).to(torch.int64), s, z)

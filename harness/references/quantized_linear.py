@@ -17,12 +17,17 @@ def smoothing_factors64(act_absmax: torch.Tensor, w: torch.Tensor, alpha: float)
 
 
 def _split(x, w, scheme: Scheme, calib):
-    """(x, w) with LLM.int8()'s outlier columns removed and SmoothQuant's factors applied, in float64,
-    and the float64 product of the outlier columns."""
-    x2, w = x.reshape(-1, x.shape[-1]).double(), w.double()  # (n, in)
+    """(x, w) with LLM.int8()'s outlier columns (by the declared comparison) removed and SmoothQuant's factors
+    applied, in float64 from their values in the scheme's working dtype, and the float64 product of the outlier
+    columns."""
+    work = scheme.working_dtype(x.dtype)  # a declared narrower compute dtype: the inputs rounded to it first
+    x2, w = x.reshape(-1, x.shape[-1]).to(work).double(), w.to(work).double()  # (n, in)
+    calib = None if calib is None else calib.to(work)
     y_outliers = torch.zeros(x2.shape[0], w.shape[0], dtype=torch.float64, device=x.device)  # (n, out)
     if scheme.outlier_threshold is not None:
-        cols = (x2.abs() > scheme.outlier_threshold).any(dim=0)  # (in,)
+        above = x2.abs() >= scheme.outlier_threshold if scheme.outlier_compare == ">=" else \
+            x2.abs() > scheme.outlier_threshold
+        cols = above.any(dim=0)  # (in,)
         y_outliers = x2[:, cols] @ w[:, cols].T
         x2, w = x2 * ~cols, w * ~cols
     if scheme.smooth_alpha is not None:

@@ -15,7 +15,9 @@ SOURCE = "impls.external."
 LIBRARY = {"gguf_quants": "gguf", "torchao_affine": "torchao", "torch_ao_observers": "torch",
            "bitsandbytes_int8": "bitsandbytes", "transformers_attention": "transformers",
            "transformers_speculative": "transformers", "flash_attn_kernels": "flash-attn",
-           "flashinfer_kernels": "flashinfer-python", "xformers_kernels": "xformers", "vllm_ops": "vllm"}
+           "flashinfer_kernels": "flashinfer-python", "xformers_kernels": "xformers", "vllm_ops": "vllm",
+           "onnxruntime_ops": "onnxruntime", "quanto_weights": "optimum-quanto", "hqq_quant": "hqq",
+           "compressed_tensors_int": "compressed-tensors", "mlx_affine": "mlx"}
 
 
 def library_of(impl) -> str:

@@ -60,6 +60,7 @@ def quant_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices
     sizes.  Shapes on purpose: square (rows = cols, where a kernel that sniffs its layout from the shape takes
     w as (in, out)) for one case in five, a row past a 256..4096-element block for one in ten."""
     sizes = QUANT_GROUP_SIZES if caps is None or caps.group_sizes is None else caps.group_sizes
+    sizes = tuple(g for g in sizes if caps is None or g not in caps.excluded_group_sizes)
     group_size = draw(st.sampled_from(sizes))
     kind = draw(st.sampled_from(("plain",) * 7 + ("square", "square", "long")))
     if kind == "long":

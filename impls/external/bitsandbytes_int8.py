@@ -1,18 +1,20 @@
 """bitsandbytes' int8 matmul, `bnb.matmul(x, w, state=MatmulLtState(is_training=False), threshold=...)`, the
-kernel behind Linear8bitLt at inference.
+kernel behind Linear8bitLt at inference (bitsandbytes 0.50.2).
 
 x is cast to float16 and quantized per token (row absmax / 127), w per output row; the int8 products are
 summed, then rescaled.  With a threshold, the input columns holding some |x| >= threshold are taken out of
-the int8 product and added back in floating point (LLM.int8()'s decomposition).  float16 only: other inputs
-are cast to it before quantization (it warns).  The default state (is_training=True) takes another path on
-the CPU, MatMul8bitFp: int8 weights dequantized, float activations, and the threshold ignored.
+the int8 product and added back in floating point (LLM.int8()'s decomposition, `int8_mixed_scaled_mm`).
+Declared: compute_dtype="float16" (a float32 x and w are rounded to float16 first; the output keeps x's
+dtype), outlier_compare=">=".  The default state (is_training=True) takes another path on the CPU,
+MatMul8bitFp (int8 weights dequantized, float activations, the threshold ignored), so the adapter sets the
+inference state that Linear8bitLt.eval() uses.  Empty inputs go to the library as they are.
 Dettmers et al. 2022, "LLM.int8()", section 3; bitsandbytes, autograd/_functions.py (MatMul8bitLt) and
 backends/default/ops.py (int8_vectorwise_quant, int8_mixed_scaled_mm).
 """
 
 import logging
 
-from harness.contracts.quantized_linear import check_bits, check_inputs, no_tokens_output
+from harness.contracts.quantized_linear import check_bits, check_inputs
 from harness.registry import known_failure, register
 from impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
@@ -24,8 +26,6 @@ THRESHOLD = 6.0
 def bnb_matmul(x, w, *, bits, threshold: float):
     check_inputs(x, w, bits)
     check_bits((8,), bits, who="bitsandbytes int8")
-    if (empty := no_tokens_output(x, w)) is not None:
-        return empty
     bnb = BNB.load()
     state = bnb.MatmulLtState()
     state.is_training = False  # the inference path of Linear8bitLt (eval mode); see the module docstring
@@ -38,14 +38,15 @@ def bnb_matmul(x, w, *, bits, threshold: float):
         logger.setLevel(level)
 
 
-register("quantized_linear", "bnb_int8", dtypes=("float16",), exact=False, unavailable=BNB.unavailable,
-         cite="bitsandbytes MatMul8bitLt without threshold (vector-wise int8)",
-         caps={"weight": "channel", "act": "token", "bits": (8,), "call_limit_s": FIRST_CALL_IMPORTS_S})(
+DTYPES = ("float32", "float16")
+CAPS = {"weight": "channel", "act": "token", "bits": (8,), "compute_dtype": "float16",
+        "call_limit_s": FIRST_CALL_IMPORTS_S}
+register("quantized_linear", "bnb_int8", dtypes=DTYPES, exact=False, unavailable=BNB.unavailable,
+         cite="bitsandbytes MatMul8bitLt without threshold (vector-wise int8)", caps=CAPS)(
     lambda x, w, *, bits=8, calib=None: bnb_matmul(x, w, bits=bits, threshold=0.0))
-register("quantized_linear", "bnb_llm_int8", dtypes=("float16",), exact=False, unavailable=BNB.unavailable,
+register("quantized_linear", "bnb_llm_int8", dtypes=DTYPES, exact=False, unavailable=BNB.unavailable,
          cite="bitsandbytes MatMul8bitLt with threshold 6 (LLM.int8() decomposition)",
-         caps={"weight": "channel", "act": "token", "bits": (8,), "outlier_threshold": THRESHOLD,
-               "call_limit_s": FIRST_CALL_IMPORTS_S})(
+         caps={**CAPS, "outlier_threshold": THRESHOLD, "outlier_compare": ">="})(
     lambda x, w, *, bits=8, calib=None: bnb_matmul(x, w, bits=bits, threshold=THRESHOLD))
 
 
@@ -66,7 +67,7 @@ def mm(a):
 change, exact = mm(x2) - mm(x), (x2 - x)[:, [2]].float() @ w[:, [2]].float().T
 assert (change - exact).abs().max() > 0.04  # ~2x the float16 spacing at |y| ~ 23: the weights were rounded
 """)
-for _prop in ("matches_scheme_in_low_precision", "error_within_derived_bound"):
+for _prop in ("outlier_columns_exact", "error_within_derived_bound", "computes_in_the_declared_dtype"):
     known_failure("quantized_linear", "bnb_llm_int8", _prop, **OUTLIER_WEIGHTS)
 
 LEADING_DIMS = dict(

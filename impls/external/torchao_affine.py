@@ -12,7 +12,7 @@ torchao, torchao/quantization/quant_primitives.py and quant_api.py.
 import torch
 
 from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs, scale_shape
-from harness.contracts.quantized_linear import check_bits, no_tokens_output
+from harness.contracts.quantized_linear import check_bits
 from harness.contracts.quantized_linear import check_inputs as check_linear_inputs
 from harness.registry import known_failure, register
 from impls.external.common import FIRST_CALL_IMPORTS_S, Library
@@ -75,8 +75,6 @@ for _prop in ("error_within_half_step", "codes_in_range", "absmax_round_trips", 
 def torchao_linear(x, w, *, bits, config: str):
     check_linear_inputs(x, w, bits)
     check_bits(LINEAR_CAPS[config]["bits"], bits, who=f"torchao {config}")
-    if (empty := no_tokens_output(x, w)) is not None:
-        return empty
     quantization = TORCHAO.load("torchao.quantization")
     layer = torch.nn.utils.skip_init(torch.nn.Linear, w.shape[1], w.shape[0], bias=False, dtype=w.dtype,
                                      device=w.device)  # no random initialization: the global RNG stays untouched
@@ -97,3 +95,21 @@ for _config, _name in (("Int8WeightOnlyConfig", "torchao_int8_weight_only"),
     register("quantized_linear", _name, dtypes=DTYPES, exact=False, unavailable=TORCHAO.unavailable,
              cite=f"torchao quantize_(nn.Linear, {_config}())", caps=LINEAR_CAPS[_config])(
         lambda x, w, *, bits=8, calib=None, _config=_config: torchao_linear(x, w, bits=bits, config=_config))
+
+
+known_failure("quantized_linear", "torchao_int8_dynamic", "no_tokens_give_an_empty_output", library="torchao",
+              version="0.18.0",
+              what="a Linear quantized with Int8DynamicActivationInt8WeightConfig raises TypeError on an input with no "
+                   "tokens (its per-token activation quantization reaches quantize_affine with zero_point None, "
+                   "'unsupported operand type(s) for +'), where nn.Linear returns the empty (0, out) output",
+              reproduce="""\
+import torch
+from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+layer = torch.nn.Linear(8, 4, bias=False)
+quantize_(layer, Int8DynamicActivationInt8WeightConfig())
+try:
+    layer(torch.zeros(0, 8))
+    raise AssertionError("an empty batch worked")
+except TypeError as exc:
+    assert "NoneType" in str(exc)
+""")

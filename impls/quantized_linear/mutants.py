@@ -43,6 +43,15 @@ def mutant_outliers_from_calib(x, w, *, bits=8, calib=None):
     return llm_int8_linear(x, w, bits=bits, calib=calib, outliers=outlier_columns(seen, THRESHOLD))
 
 
+@register("quantized_linear", "mutant_outliers_at_threshold", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
+          mutant=True, bug="LLM.int8() compares |x| >= threshold (as bitsandbytes does) while declaring >: a column "
+          "whose peak is exactly the threshold leaves the int8 product", killed_by=("outlier_threshold_comparison",),
+          caps={"weight": "channel", "act": "token", "outlier_threshold": THRESHOLD})
+def mutant_outliers_at_threshold(x, w, *, bits=8, calib=None):
+    at_or_above = (x.reshape(-1, x.shape[-1]).abs() >= THRESHOLD).any(dim=0)  # (in,)
+    return llm_int8_linear(x, w, bits=bits, calib=calib, outliers=at_or_above)
+
+
 # --- shapes, dtypes, devices and empty batches: bugs the cases could not reach before square weights, long rows,
 # 1-d / 4-d x and the dtype and device rules ------------------------------------------------------------------
 @register("quantized_linear", "mutant_square_weight_as_in_out", devices=("cpu", "cuda"), dtypes=DTYPES, mutant=True,
