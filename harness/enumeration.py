@@ -188,6 +188,23 @@ def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Ha
         yield outcome, prob
 
 
+class TooManyBranches(AssertionError):
+    """An enumeration past its budget of runs: a sampler whose draws branch further than its case allows."""
+
+
+def outcome_distribution(run: Callable[[ReplayRng], Hashable], *, max_runs: int) -> dict[Hashable, float]:
+    """P(outcome) of ``run`` over every branch of its draws (`explore`, summed per outcome); `TooManyBranches`
+    past ``max_runs`` runs, so that a sampler that keeps drawing gets a verdict, not an endless search.  For a
+    sampler of one step (a token per row of a batch) there are no rounds to merge: every branch is one run."""
+    dist: dict[Hashable, float] = defaultdict(float)
+    for runs, (outcome, prob) in enumerate(explore(run), 1):
+        if runs > max_runs:
+            raise TooManyBranches(f"more than {max_runs} branches of the sampler's draws (each run is one branch): it "
+                                  "draws more often than one categorical per row and a bounded chain of retries")
+        dist[outcome] += prob
+    return dict(dist)
+
+
 class _Cut(BaseException):  # BaseException: a sampler's `except Exception` must not swallow it
     """Raised at the target call that starts round two: round one emitted ``emitted``; its choices are the
     first ``depth``, its target calls ``calls``."""

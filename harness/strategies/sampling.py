@@ -1,0 +1,122 @@
+"""Sampling cases (contract: harness/contracts/sampling.py): a batch of logits from a drawn seed and per-row
+parameters drawn from the values where bugs live -- each parameter's off value first, the edges (top_k 1 and
+V, top_p near 0, min_p 1, temperature 0 beside sampled rows), penalties of both signs on prompt and output ids.
+
+Logits come in two kinds: "grid" rows take values in steps of 1/2 in [-3, 3], so ties at the top-k and top-p
+boundaries are common (exact in float32 and float64, and after the penalties and temperatures drawn here),
+and "normal" rows are Gaussian at a drawn scale.  A share of tokens is -inf, never a whole row.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+from hypothesis import strategies as st
+
+from harness.contracts.sampling import OFF, PARAMS, SamplingParams
+from harness.strategies.common import generator, seeds
+from harness.tolerance import dtype_of
+
+TEMPERATURES = [1.0, 0.0, 0.5, 0.7, 1.5, 2.0, 0.25]
+TOP_PS = [1.0, 0.9, 0.75, 0.5, 0.3, 0.1, 1e-3]
+MIN_PS = [0.0, 0.05, 0.2, 0.5, 1.0]
+REPETITION = [1.0, 1.25, 2.0, 0.8]
+PRESENCE = [0.0, 0.5, -0.5, 1.0]
+FREQUENCY = [0.0, 0.25, 0.5]
+SHIFTS = [-1000.0, -37.5, 64.0, 1024.0]  # exact in float32 for grid logits: only the shift can change the answer
+# The largest V per batch size for a sampler whose joint output distribution is enumerated: a rejection sampler
+# takes up to 2^(V-1) branches a row, and a batch's branches multiply (<= 128 runs a case).
+ENUMERABLE_VOCAB = {1: 8, 2: 4}
+
+
+@dataclass(frozen=True)
+class SamplingCase:
+    V: int
+    dtype: str
+    kind: str  # "grid" or "normal"
+    scale: float  # of "normal" logits
+    masked: float  # share of -inf logits (never a whole row)
+    seed: int
+    params: SamplingParams
+    shift: float = 0.0  # added to every finite logit
+    row_ids: tuple[int, ...] = ()  # which drawn rows, in this order (empty: 0 .. B-1): each row's logits are its own
+
+    @property
+    def B(self) -> int:
+        return self.params.rows
+
+    def logits(self) -> torch.Tensor:
+        """(B, V) in the case's dtype; row r's values come from the seed and r alone."""
+        rows = [self._row(r) for r in (self.row_ids or range(self.B))]
+        return torch.stack(rows).to(dtype_of(self.dtype)) if rows else torch.empty(0, self.V, dtype=dtype_of(self.dtype))
+
+    def _row(self, r: int) -> torch.Tensor:
+        g = generator((self.seed + 104729 * r) % 2**62)
+        x = torch.randint(-6, 7, (self.V,), generator=g).double() / 2 if self.kind == "grid" else (
+            torch.randn(self.V, generator=g, dtype=torch.float64) * self.scale)
+        masked = torch.rand(self.V, generator=g) < self.masked
+        masked[int(torch.randint(self.V, (), generator=g))] = False  # a finite logit in every row
+        return (x + self.shift).masked_fill(masked, -torch.inf)
+
+    def rows(self, ids) -> SamplingCase:
+        """These rows of the case, in this order (one of them alone: ``rows([b])``)."""
+        ids = list(ids)
+        drawn = self.row_ids or tuple(range(self.B))
+        return replace(self, params=self.params.select(ids), row_ids=tuple(drawn[b] for b in ids))
+
+
+@st.composite
+def row_params(draw: st.DrawFn, V: int, supported: tuple[str, ...]) -> dict:
+    """One row's parameters and history; a parameter the implementation does not apply stays off."""
+    choices = {
+        "temperature": st.sampled_from(TEMPERATURES),
+        "top_k": st.sampled_from([k for k in dict.fromkeys([0, 1, 2, 3, V - 1, V]) if k <= V]),
+        "top_p": st.sampled_from(TOP_PS),
+        "min_p": st.sampled_from(MIN_PS),
+        "repetition_penalty": st.sampled_from(REPETITION),
+        "presence_penalty": st.sampled_from(PRESENCE),
+        "frequency_penalty": st.sampled_from(FREQUENCY),
+    }
+    row = {name: draw(choices[name]) if name in supported else OFF[name] for name in PARAMS}
+    history = st.lists(st.integers(0, V - 1), max_size=4)
+    penalties = {"repetition_penalty", "presence_penalty", "frequency_penalty"} & set(supported)
+    row["prompt_tokens"] = tuple(draw(history)) if penalties else ()
+    row["output_tokens"] = tuple(draw(history)) if penalties else ()
+    return row
+
+
+def params_of(rows: list[dict]) -> SamplingParams:
+    return SamplingParams(**{name: tuple(r[name] for r in rows) for name in rows[0]})
+
+
+@functools.cache
+def _kinds() -> st.SearchStrategy:
+    return st.sampled_from(["grid", "normal"])
+
+
+@st.composite
+def sampling_cases(draw: st.DrawFn, dtypes: tuple[str, ...], supported: tuple[str, ...] = PARAMS,
+                   enumerable: bool = True, max_vocab: int = 0, max_batch: int = 2, greedy: bool = False,
+                   shift: bool = False) -> SamplingCase:
+    """A batch of 1 to ``max_batch`` rows.  ``enumerable``: one or two rows, small enough that a sampler's joint
+    output distribution is enumerated in well under a second (ENUMERABLE_VOCAB); ``greedy``: every other row at temperature 0;
+    ``shift``: every logit moved by one of SHIFTS."""
+    B = draw(st.integers(1, min(max_batch, 2) if enumerable else max_batch))
+    top = ENUMERABLE_VOCAB[B] if enumerable else 16
+    V = draw(st.integers(2, min(top, max_vocab) if max_vocab else top))
+    rows = [draw(row_params(V, supported)) for _ in range(B)]
+    if greedy:
+        rows = [{**r, "temperature": 0.0} if b % 2 == 0 else r for b, r in enumerate(rows)]
+    return SamplingCase(
+        V=V, dtype=draw(st.sampled_from(dtypes)), kind=draw(_kinds()), scale=draw(st.sampled_from([1.0, 3.0, 0.3])),
+        masked=draw(st.sampled_from([0.0, 0.0, 0.25])), seed=draw(seeds), params=params_of(rows),
+        shift=draw(st.sampled_from(SHIFTS)) if shift else 0.0,
+    )
+
+
+def without_repetition_penalty(case: SamplingCase) -> SamplingCase:
+    """The case with the repetition penalty off: the one transform that is not invariant to a shift of the logits
+    (it divides positive logits and multiplies negative ones)."""
+    return replace(case, params=replace(case.params, repetition_penalty=(1.0,) * case.B))
