@@ -7,7 +7,6 @@ tokens come from one generator for the batch, so they follow the stream's positi
 exact properties of properties/test_sampling.py.  He et al. 2025, "Defeating Nondeterminism in LLM Inference".
 """
 
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 

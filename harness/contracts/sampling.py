@@ -161,10 +161,11 @@ def check_inputs(logits: torch.Tensor, params: SamplingParams) -> None:
         if len(getattr(params, f.name)) != B:
             raise ValueError(f"sampling: params.{f.name} must hold one entry per row ({B}), got "
                              f"{len(getattr(params, f.name))}")
-    _check_values(params, V)
+    check_values(params, V)
 
 
-def _check_values(params: SamplingParams, V: int) -> None:
+def check_values(params: SamplingParams, V: int) -> None:
+    """ValueError naming the field of ``params`` whose value the contract forbids for a vocabulary of V."""
     rules = {
         "temperature": (lambda t: math.isfinite(t) and t >= 0, "a finite float >= 0 (0: greedy)"),
         "top_k": (lambda k: isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= V, f"an int in [0, {V}]"),

@@ -50,18 +50,18 @@ def softmax_over(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x.masked_fill(~keep, -torch.inf), dim=-1)
 
 
-def kept_row(l: torch.Tensor, b: int, params: SamplingParams, order: str, ties: str, slack: float) -> torch.Tensor:
-    """(V,) bool: the tokens row b keeps, from its penalized logits ``l`` (V,) float64."""
-    keep = l > -torch.inf
+def kept_row(z: torch.Tensor, b: int, params: SamplingParams, order: str, ties: str, slack: float) -> torch.Tensor:
+    """(V,) bool: the tokens row b keeps, from its penalized logits ``z`` (V,) float64."""
+    keep = z > -torch.inf
     first = torch.zeros_like(keep)
-    first[int(l.argmax())] = True  # the first of the ranking, kept by every filter (min_tokens_to_keep = 1)
+    first[int(z.argmax())] = True  # the first of the ranking, kept by every filter (min_tokens_to_keep = 1)
     T = params.temperature[b]
     if T == 0:
         return first
-    x = l
+    x = z
     for stage in ORDERS[order]:
         if stage == "temperature":
-            x = l / T
+            x = z / T
         elif stage == "top_k" and params.top_k[b] > 0:
             keep &= (before(x, keep, ties).sum(0) < params.top_k[b]) | first
         elif stage == "top_p" and params.top_p[b] < 1:
@@ -76,17 +76,17 @@ def kept_row(l: torch.Tensor, b: int, params: SamplingParams, order: str, ties: 
 
 def kept(logits: torch.Tensor, params: SamplingParams, *, order: str, ties: str, slack: float = 0.0) -> torch.Tensor:
     """(B, V) bool: the kept tokens; ``slack`` > 0 keeps what a threshold within slack of it keeps, < 0 drops it."""
-    l = penalized(logits, params)  # (B, V)
-    rows = [kept_row(l[b], b, params, order, ties, slack) for b in range(l.shape[0])]
-    return torch.stack(rows) if rows else torch.zeros(l.shape, dtype=torch.bool)
+    z = penalized(logits, params)  # (B, V)
+    rows = [kept_row(z[b], b, params, order, ties, slack) for b in range(z.shape[0])]
+    return torch.stack(rows) if rows else torch.zeros(z.shape, dtype=torch.bool)
 
 
 def distribution(logits: torch.Tensor, params: SamplingParams, keep: torch.Tensor,
                  dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """(B, V): softmax(l / T) over the kept tokens (one-hot on a greedy row's kept token), computed in ``dtype``."""
-    l = penalized(logits, params, dtype)  # (B, V)
+    """(B, V): softmax(z / T) over the kept tokens (one-hot on a greedy row's kept token), computed in ``dtype``."""
+    z = penalized(logits, params, dtype)  # (B, V)
     T = torch.tensor(params.temperature, dtype=dtype)[:, None]  # (B, 1)
-    p = torch.softmax((l / torch.where(T > 0, T, 1)).masked_fill(~keep, -torch.inf), dim=-1)
+    p = torch.softmax((z / torch.where(T > 0, T, 1)).masked_fill(~keep, -torch.inf), dim=-1)
     return torch.where(T > 0, p, keep.to(dtype))
 
 
@@ -99,9 +99,9 @@ def processed(logits: torch.Tensor, params: SamplingParams, *, order: str = "tra
 def plain(logits: torch.Tensor, params: SamplingParams, keep: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
     """The processed distribution over ``keep`` computed in ``dtype`` itself, in two operation orders: softmax,
     and exp(x - max) / sum written out (the earned bound's yardstick)."""
-    l = penalized(logits, params, dtype)  # (B, V)
+    z = penalized(logits, params, dtype)  # (B, V)
     T = torch.tensor(params.temperature, dtype=dtype)[:, None]  # (B, 1)
-    x = (l / torch.where(T > 0, T, 1)).masked_fill(~keep, -torch.inf)  # (B, V)
+    x = (z / torch.where(T > 0, T, 1)).masked_fill(~keep, -torch.inf)  # (B, V)
     e = torch.exp(x - x.max(-1, keepdim=True).values)  # (B, V)
     return [torch.where(T > 0, p, keep.to(dtype)) for p in (torch.softmax(x, -1), e / e.sum(-1, keepdim=True))]
 
@@ -125,3 +125,18 @@ def threshold_slack(logits: torch.Tensor, params: SamplingParams, dtype: torch.d
         if bool(big.any()):
             worst = max(worst, float(((ours[big] - truth[big]).abs() / truth[big]).max()))
     return tol.k * 2 * worst + (V + 1) * eps + tol.floor
+
+
+class ProcessedLM:
+    """An LM (harness.lm) whose every row is the reference's processing of log p with one row of parameters: the
+    distribution a speculative sampler's output must follow when the request samples with them."""
+
+    def __init__(self, lm, params: SamplingParams, order: str = "transformers", ties: str = "index") -> None:
+        self.lm, self.params, self.order, self.ties = lm, params, order, ties
+        self.vocab_size = lm.vocab_size
+
+    def __call__(self, prefixes, n=1):
+        p = self.lm(prefixes, n)  # (B, n, V)
+        rows = p.reshape(-1, p.shape[-1])  # (B n, V)
+        params = self.params.select([0] * len(rows))
+        return processed(rows.log(), params, order=self.order, ties=self.ties).reshape(p.shape)

@@ -25,6 +25,11 @@ MIN_PS = [0.0, 0.05, 0.2, 0.5, 1.0]
 REPETITION = [1.0, 1.25, 2.0, 0.8]
 PRESENCE = [0.0, 0.5, -0.5, 1.0]
 FREQUENCY = [0.0, 0.25, 0.5]
+# A row batched with the row under test: peaked logits and every parameter at an extreme, so that a parameter, a
+# history or a maximum that leaks from it changes the other row's distribution.
+COMPANION = {"temperature": 0.25, "top_k": 1, "top_p": 0.1, "min_p": 0.5, "repetition_penalty": 2.0,
+             "presence_penalty": 1.0, "frequency_penalty": 0.5}
+COMPANION_ROW = -1
 SHIFTS = [-1000.0, -37.5, 64.0, 1024.0]  # exact in float32 for grid logits: only the shift can change the answer
 # The largest V per batch size for a sampler whose joint output distribution is enumerated: a rejection sampler
 # takes up to 2^(V-1) branches a row, and a batch's branches multiply (<= 128 runs a case).
@@ -42,6 +47,7 @@ class SamplingCase:
     params: SamplingParams
     shift: float = 0.0  # added to every finite logit
     row_ids: tuple[int, ...] = ()  # which drawn rows, in this order (empty: 0 .. B-1): each row's logits are its own
+    # (COMPANION_ROW: a companion's)
 
     @property
     def B(self) -> int:
@@ -50,9 +56,12 @@ class SamplingCase:
     def logits(self) -> torch.Tensor:
         """(B, V) in the case's dtype; row r's values come from the seed and r alone."""
         rows = [self._row(r) for r in (self.row_ids or range(self.B))]
-        return torch.stack(rows).to(dtype_of(self.dtype)) if rows else torch.empty(0, self.V, dtype=dtype_of(self.dtype))
+        dtype = dtype_of(self.dtype)
+        return torch.stack(rows).to(dtype) if rows else torch.empty(0, self.V, dtype=dtype)
 
     def _row(self, r: int) -> torch.Tensor:
+        if r == COMPANION_ROW:
+            return torch.arange(self.V, 0, -1, dtype=torch.float64) * 2 + self.shift  # peaked at token 0
         g = generator((self.seed + 104729 * r) % 2**62)
         x = torch.randint(-6, 7, (self.V,), generator=g).double() / 2 if self.kind == "grid" else (
             torch.randn(self.V, generator=g, dtype=torch.float64) * self.scale)
@@ -101,8 +110,8 @@ def sampling_cases(draw: st.DrawFn, dtypes: tuple[str, ...], supported: tuple[st
                    enumerable: bool = True, max_vocab: int = 0, max_batch: int = 2, greedy: bool = False,
                    shift: bool = False) -> SamplingCase:
     """A batch of 1 to ``max_batch`` rows.  ``enumerable``: one or two rows, small enough that a sampler's joint
-    output distribution is enumerated in well under a second (ENUMERABLE_VOCAB); ``greedy``: every other row at temperature 0;
-    ``shift``: every logit moved by one of SHIFTS."""
+    output distribution is enumerated in well under a second (ENUMERABLE_VOCAB); ``greedy``: every other row at
+    temperature 0; ``shift``: every logit moved by one of SHIFTS."""
     B = draw(st.integers(1, min(max_batch, 2) if enumerable else max_batch))
     top = ENUMERABLE_VOCAB[B] if enumerable else 16
     V = draw(st.integers(2, min(top, max_vocab) if max_vocab else top))
@@ -116,7 +125,36 @@ def sampling_cases(draw: st.DrawFn, dtypes: tuple[str, ...], supported: tuple[st
     )
 
 
+@st.composite
+def companion_cases(draw: st.DrawFn, dtypes: tuple[str, ...], supported: tuple[str, ...] = PARAMS,
+                    max_vocab: int = 0) -> SamplingCase:
+    """A drawn row beside the COMPANION row, before or after it (two rows: V <= ENUMERABLE_VOCAB[2]); the drawn row
+    samples at a drawn temperature with min-p, its other filters off, its penalties and history drawn."""
+    case = draw(sampling_cases(dtypes, supported, max_vocab=min(max_vocab or 99, ENUMERABLE_VOCAB[2]),
+                               max_batch=1))
+    companion = {name: COMPANION[name] if name in supported else OFF[name] for name in PARAMS}
+    companion |= {"prompt_tokens": tuple(range(case.V)), "output_tokens": (0, 0, 1)}
+    row = {f: getattr(case.params, f)[0] for f in companion}
+    # the drawn row samples with its filters off but min-p, so that any filter or maximum the companion leaks shows
+    row |= {"temperature": draw(st.sampled_from([1.0, 0.5, 2.0])), "top_k": 0, "top_p": 1.0,
+            "min_p": draw(st.sampled_from([0.1, 0.3, 0.6])) if "min_p" in supported else 0.0}
+    rows = [row, companion]
+    order = [0, 1] if draw(st.booleans()) else [1, 0]
+    return replace(case, params=params_of([rows[i] for i in order]),
+                   row_ids=tuple((0, COMPANION_ROW)[i] for i in order))
+
+
 def without_repetition_penalty(case: SamplingCase) -> SamplingCase:
     """The case with the repetition penalty off: the one transform that is not invariant to a shift of the logits
     (it divides positive logits and multiplies negative ones)."""
     return replace(case, params=replace(case.params, repetition_penalty=(1.0,) * case.B))
+
+
+@st.composite
+def processing_params(draw: st.DrawFn) -> SamplingParams:
+    """One row of temperature, top-k, top-p and min-p for speculative decoding on processed distributions (penalties
+    off).  The values keep clear of the masses of the drawn tables' rows, so that two correct processings decide
+    every token alike (a uniform row's masses are multiples of 1/V, V <= 6)."""
+    row = {"temperature": draw(st.sampled_from([1.0, 0.6, 1.7, 0.0])), "top_k": draw(st.sampled_from([0, 1, 2])),
+           "top_p": draw(st.sampled_from([1.0, 0.83, 0.62])), "min_p": draw(st.sampled_from([0.0, 0.13]))}
+    return params_of([{**OFF, **row, "prompt_tokens": (), "output_tokens": ()}])

@@ -7,6 +7,7 @@ every implementation and mutant listed below.
 from impls.sampling import (  # noqa: F401 - imported to register
     batched,
     gumbel_max,
+    mutants,
     reference,
     rejection,
     sort_based,

@@ -26,12 +26,12 @@ class Batched:
     def probs(self, logits, params):
         """(B, V) in the logits' dtype: the processed distribution of every row."""
         rows = self.parameters(params, logits)
-        l = self.penalize(logits, params, rows)  # (B, V)
-        x = l
+        z = self.penalize(logits, params, rows)  # (B, V)
+        x = z
         for stage in self.stages:
             x = getattr(self, stage)(x, rows)  # (B, V): filters set dropped tokens to -inf
         greedy = self.greedy(rows)[:, None]  # (B, 1)
-        first = torch.nn.functional.one_hot(l.argmax(-1), l.shape[1]).to(l.dtype)  # (B, V): ties to the lowest id
+        first = torch.nn.functional.one_hot(z.argmax(-1), z.shape[1]).to(z.dtype)  # (B, V): ties to the lowest id
         return torch.where(greedy, first, torch.softmax(x, -1))
 
     def parameters(self, params, logits):
@@ -46,8 +46,8 @@ class Batched:
         B, V = logits.shape
         counts = self.output_counts(params, B, V).to(logits.device, logits.dtype)  # (B, V)
         seen = self.history_mask(params, B, V).to(logits.device) | (counts > 0)  # (B, V)
-        l = self.repetition(logits, seen, rows["repetition_penalty"][:, None])
-        return l - rows["frequency_penalty"][:, None] * counts - rows["presence_penalty"][:, None] * (counts > 0)
+        z = self.repetition(logits, seen, rows["repetition_penalty"][:, None])
+        return z - rows["frequency_penalty"][:, None] * counts - rows["presence_penalty"][:, None] * (counts > 0)
 
     def history_mask(self, params, B, V):
         """(B, V) bool: the ids of each row's prompt."""
@@ -61,9 +61,9 @@ class Batched:
         return torch.stack([torch.bincount(torch.tensor(ids, dtype=torch.int64), minlength=V)
                             for ids in params.output_tokens]) if B else torch.zeros(0, V)
 
-    def repetition(self, l, seen, r):
+    def repetition(self, z, seen, r):
         """CTRL's penalty: divide a seen positive logit by r, multiply a seen negative one."""
-        return torch.where(seen, torch.where(l > 0, l / r, l * r), l)
+        return torch.where(seen, torch.where(z > 0, z / r, z * r), z)
 
     def greedy(self, rows):
         return rows["temperature"] == 0
@@ -98,3 +98,17 @@ class Batched:
 batched = register("sampling", "batched", dtypes=("float32", "float64"),
                    cite="vLLM v1 Sampler: apply_penalties, min-p, apply_top_k_top_p (Holtzman et al. 2020, top-p)",
                    caps={"order": "vllm", "ties": "keep"})(Batched())
+
+
+class BatchedProbs(Batched):
+    """The same computation at the processing level: the (B, V) processed distribution, nothing drawn."""
+
+    def __call__(self, logits, params):
+        check_inputs(logits, params)
+        return self.probs(logits, params)
+
+
+batched_probs = register("sampling", "batched_probs", dtypes=("float32", "float64"),
+                         cite="vLLM v1 Sampler's processing (apply_penalties, min-p, apply_top_k_top_p)",
+                         caps={"returns": "probs", "order": "vllm", "ties": "keep", "batch_invariant": True,
+                               "deterministic": True})(BatchedProbs())

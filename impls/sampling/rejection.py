@@ -29,10 +29,10 @@ class Rejection:
         rows = [self.row(SortBased().penalize(logits[b].double(), params, b), params, b, rng) for b in range(B)]
         return torch.tensor(rows, device=logits.device)
 
-    def row(self, l, params, b, rng) -> int:
+    def row(self, z, params, b, rng) -> int:
         if params.temperature[b] == 0:
-            return int(l.argmax())
-        x = l / params.temperature[b]  # (V,); transformers' order: temperature first
+            return int(z.argmax())
+        x = z / params.temperature[b]  # (V,); transformers' order: temperature first
         p = torch.softmax(x, -1)  # (V,)
         top_k = self.top_k_set(x, params.top_k[b])  # (V,) bool
         top_k_mass = float(p[top_k].sum())

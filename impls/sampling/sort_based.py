@@ -23,12 +23,12 @@ class SortBased:
         probs = torch.stack([self.row(logits[b], params, b) for b in range(B)]) if B else logits.new_zeros(0, V)
         return draw(rng, probs)
 
-    def row(self, l, params, b):
+    def row(self, z, params, b):
         """(V,): row b's processed distribution."""
-        l = self.penalize(l, params, b)
+        z = self.penalize(z, params, b)
         if params.temperature[b] == 0:
-            return torch.nn.functional.one_hot(l.argmax(), len(l)).to(l.dtype)  # ties to the lowest id
-        values, order = self.sort(l)  # (V,) descending
+            return torch.nn.functional.one_hot(z.argmax(), len(z)).to(z.dtype)  # ties to the lowest id
+        values, order = self.sort(z)  # (V,) descending
         keep = values > -torch.inf  # (V,): a prefix of the sorted row
         x = values
         for stage in self.stages:
@@ -39,19 +39,19 @@ class SortBased:
         p = torch.softmax((values / params.temperature[b]).masked_fill(~keep, -torch.inf), -1)  # (V,)
         return torch.zeros_like(p).scatter(0, order, p)
 
-    def penalize(self, l, params, b):
+    def penalize(self, z, params, b):
         seen = sorted(set(params.prompt_tokens[b]) | set(params.output_tokens[b]))
         r, f, a = params.repetition_penalty[b], params.frequency_penalty[b], params.presence_penalty[b]
         if seen and r != 1:
-            l = l.clone()
-            l[seen] = torch.where(l[seen] > 0, l[seen] / r, l[seen] * r)
+            z = z.clone()
+            z[seen] = torch.where(z[seen] > 0, z[seen] / r, z[seen] * r)
         if params.output_tokens[b] and (f or a):
             ids, counts = torch.tensor(params.output_tokens[b]).unique(return_counts=True)
-            l = l.index_add(0, ids, -(f * counts.to(l.dtype) + a))
-        return l
+            z = z.index_add(0, ids, -(f * counts.to(z.dtype) + a))
+        return z
 
-    def sort(self, l):
-        return torch.sort(l, descending=True, stable=True)
+    def sort(self, z):
+        return torch.sort(z, descending=True, stable=True)
 
     def top_k(self, x, keep, params, b):
         k = params.top_k[b]
