@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from harness.contracts.sampling import (
     OFF,
-    PARAMS,
     call,
     distribution_of,
     enumerated,
@@ -29,7 +28,12 @@ from harness.lm import TorchRng
 from harness.references.sampling import distribution, kept, penalized, plain, processed, threshold_slack
 from harness.runner import applies
 from harness.statistical import DELTA, POWER, goodness_of_fit, sample_size
-from harness.strategies.sampling import companion_cases, sampling_cases, without_repetition_penalty
+from harness.strategies.sampling import (
+    companion_cases,
+    parameter_grid,
+    sampling_cases,
+    without_repetition_penalty,
+)
 from harness.tolerance import FLOAT64_IDENTITY, assert_earned, earned_bound
 
 TECHNIQUE = "sampling"
@@ -159,34 +163,12 @@ def test_rows_are_independent(impl, data):
             f"{independent!r}: the rows' draws are not independent")
 
 
-# The whole parameter grid at V = 8: every combination of these values on one row of logits with ties at the
-# top-k and top-p boundaries, a -inf token, and a history that meets positive and negative logits.
-GRID = {"temperature": (0.0, 0.5, 1.0, 2.0), "top_k": (0, 1, 3, 8), "top_p": (0.5, 0.9, 1.0), "min_p": (0.0, 0.2),
-        "penalties": ({}, {"repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.25})}
-GRID_LOGITS = [1.0, 2.0, 2.0, 0.5, -1.0, -torch.inf, 2.0, 2.5]
-GRID_HISTORY = {"prompt_tokens": (1, 4), "output_tokens": (2, 2, 7, 4)}
-
-
-def grid(impl):
-    """(logits (N, 8), params): every grid point, with the parameters the implementation does not apply off."""
-    points = {}
-    for values in itertools.product(*GRID.values()):
-        point = {**dict(zip(GRID, values[:-1], strict=False)), **values[-1]}
-        point = {k: point.get(k, OFF[k]) if k in impl.caps.params else OFF[k] for k in PARAMS}
-        points[tuple(point.values())] = point  # a parameter it does not apply makes two points one
-    N = len(points)
-    params = sampling_params(N, **{k: [p[k] for p in points.values()] for k in PARAMS},
-                             prompt_tokens=[GRID_HISTORY["prompt_tokens"]] * N,
-                             output_tokens=[GRID_HISTORY["output_tokens"]] * N)
-    return torch.tensor([GRID_LOGITS] * N), params
-
-
 @applies(own_rng)
 def test_parameter_grid_exactly(impl):
     """Every point of GRID at V = 8 (192), a sampler's output distribution enumerated exactly point by point, is
     the reference's."""
     dtype = torch.float64 if "float64" in impl.dtypes else torch.float32
-    logits, params = grid(impl)
+    logits, params = parameter_grid(impl.caps.params)
     logits = logits.to(dtype)
     if impl.caps.returns == "probs":
         got = distribution_of(impl, logits, params)

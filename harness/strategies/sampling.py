@@ -10,12 +10,13 @@ and "normal" rows are Gaussian at a drawn scale.  A share of tokens is -inf, nev
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, replace
 
 import torch
 from hypothesis import strategies as st
 
-from harness.contracts.sampling import OFF, PARAMS, SamplingParams
+from harness.contracts.sampling import OFF, PARAMS, SamplingParams, sampling_params
 from harness.strategies.common import generator, seeds
 from harness.tolerance import dtype_of
 
@@ -148,6 +149,28 @@ def without_repetition_penalty(case: SamplingCase) -> SamplingCase:
     """The case with the repetition penalty off: the one transform that is not invariant to a shift of the logits
     (it divides positive logits and multiplies negative ones)."""
     return replace(case, params=replace(case.params, repetition_penalty=(1.0,) * case.B))
+
+
+# The whole parameter grid at V = 8: every combination of these values on one row of logits with ties at the
+# top-k and top-p boundaries, a -inf token, and a history that meets positive and negative logits.
+GRID = {"temperature": (0.0, 0.5, 1.0, 2.0), "top_k": (0, 1, 3, 8), "top_p": (0.5, 0.9, 1.0), "min_p": (0.0, 0.2),
+        "penalties": ({}, {"repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.25})}
+GRID_LOGITS = [1.0, 2.0, 2.0, 0.5, -1.0, -torch.inf, 2.0, 2.5]
+GRID_HISTORY = {"prompt_tokens": (1, 4), "output_tokens": (2, 2, 7, 4)}
+
+
+def parameter_grid(supported: tuple[str, ...] = PARAMS) -> tuple[torch.Tensor, SamplingParams]:
+    """(logits (N, 8) float64, params): every point of GRID, the parameters not in ``supported`` off."""
+    points = {}
+    for values in itertools.product(*GRID.values()):
+        point = {**dict(zip(GRID, values[:-1], strict=False)), **values[-1]}
+        point = {k: point.get(k, OFF[k]) if k in supported else OFF[k] for k in PARAMS}
+        points[tuple(point.values())] = point  # a parameter it does not apply makes two points one
+    N = len(points)
+    params = sampling_params(N, **{k: [p[k] for p in points.values()] for k in PARAMS},
+                             prompt_tokens=[GRID_HISTORY["prompt_tokens"]] * N,
+                             output_tokens=[GRID_HISTORY["output_tokens"]] * N)
+    return torch.tensor([GRID_LOGITS] * N, dtype=torch.float64), params
 
 
 @st.composite
