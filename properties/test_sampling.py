@@ -186,7 +186,7 @@ def test_statistical_fit_large_vocabulary(impl):
     V = min(256, impl.caps.max_vocab or 256)
     g = torch.Generator().manual_seed(11)
     row = torch.randn(1, V, generator=g) * 3
-    values = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
+    values = {"temperature": 0.8, "top_k": 12, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
               "presence_penalty": 0.5, "frequency_penalty": 0.25}
     values = {k: v if k in impl.caps.params else OFF[k] for k, v in values.items()}
     history = {"prompt_tokens": [tuple(range(0, 40, 3))], "output_tokens": [(1, 1, 5, 9)]}

@@ -40,15 +40,16 @@ class Rejection:
         while True:
             q = p * candidates  # (V,)
             j = int(rng.categorical(q / q.sum()))
-            if self.accepts(x, p, j, top_k, top_k_mass, params, b):
+            ahead = self.ahead(x, j)  # (V,) bool
+            if self.accepts(p, j, ahead, top_k, top_k_mass, params, b):
                 return j
-            candidates &= self.ahead(x, j)
+            candidates &= ahead
 
     def ahead(self, x, j):
         """(V,) bool: the tokens ranked before token j."""
         ahead = x > x[j]
         if self.ties == "index":
-            ahead |= (x == x[j]) & (torch.arange(len(x)) < j)
+            ahead[:j] |= x[:j] == x[j]  # a tie ranks the lower id first
         return ahead
 
     def top_k_set(self, x, k):
@@ -61,11 +62,12 @@ class Rejection:
         tied = x == kth
         return (x > kth) | (tied & (tied.cumsum(0) <= k - int((x > kth).sum())))  # ties: the lowest ids
 
-    def accepts(self, x, p, j, top_k, top_k_mass, params, b) -> bool:
-        """Token j passes top-k, top-p (its mass over the top-k set) and min-p."""
+    def accepts(self, p, j, ahead, top_k, top_k_mass, params, b) -> bool:
+        """Token j, with the tokens ranked ahead of it, passes top-k, top-p (its mass over the top-k set) and
+        min-p."""
         if not top_k[j]:
             return False
-        if params.top_p[b] < 1 and float(p[self.ahead(x, j) & top_k].sum()) >= params.top_p[b] * top_k_mass:
+        if params.top_p[b] < 1 and float(p[ahead & top_k].sum()) >= params.top_p[b] * top_k_mass:
             return False
         return float(p[j]) >= params.min_p[b] * float(p.max())
 

@@ -142,10 +142,11 @@ def triton_fused(logits, params):
 
 if importlib.util.find_spec("triton") is not None:  # the "triton" extra; without it nothing registers
     _CITE = "a fused, sort-free Triton kernel for the contract (pairwise ranks; FlashInfer's contract, not its O(V))"
-    _CAPS = {"returns": "probs", "order": "transformers", "ties": "keep", "batch_invariant": True,
-             "deterministic": True}
+    _CAPS = {"returns": "probs", "order": "transformers", "ties": "keep"}
     register("sampling", "triton_fused", devices=("cuda",), dtypes=("float32",), cite=_CITE,
-             caps={**_CAPS, "max_vocab": 4096, "call_limit_s": 120})(triton_fused)
+             caps={**_CAPS, "max_vocab": 4096, "call_limit_s": 120, "batch_invariant": True,
+                   "deterministic": True})(triton_fused)
     if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter runs the same kernel on CPU tensors
+        # Its bits are NumPy's, not the GPU's: batch invariance and determinism are claims of the native kernel.
         register("sampling", "triton_fused_interpret", devices=("cpu",), dtypes=("float32",), cite=_CITE,
                  caps={**_CAPS, "max_vocab": 64})(triton_fused)
