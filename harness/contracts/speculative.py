@@ -51,7 +51,8 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
   top-p and min-p (harness/contracts/sampling.py), and its draft proposes from its own processed distribution.  A
   sampler given processed models is just given other models (`harness.references.sampling.ProcessedLM`): the
   output must follow the processed target.  A sampler that processes the rows itself declares ``caps={"processes":
-  True}`` and is called with the raw models and ``target_params=``, ``draft_params=`` -- a one-row
+  True}`` and is called with the raw models and ``target_params=``, ``draft_params=`` (both absent elsewhere: the
+  models are then sampled as given) -- a one-row
   `harness.contracts.sampling.SamplingParams` each, penalties off -- applied in transformers' order, tokens tied
   at a boundary lowest id first (ties "index"); its output must follow the target processed with target_params,
   whatever draft_params are.  ``check_processing(params, "target_params", V)`` checks one.

@@ -15,6 +15,5 @@ from impls.speculative import (  # noqa: F401 - imported to register
     mutants,
     mutants_batch,
     own_rng,
-    processed,
     standard,
 )

@@ -1,6 +1,6 @@
 """Known-wrong speculative samplers, each modelled on a real bug.  The properties must kill every one.
 
-Each is the correct sampler of impls/speculative/standard.py (or multidraft.py, processed.py) with one step of its
+Each is the correct sampler of impls/speculative/standard.py (or multidraft.py) with one step of its
 round replaced -- a subclass overriding the method the bug lives in -- so it differs from a correct sampler by
 exactly the bug it is named after.  `NoBonus` is correct but slow: its distribution is exact and only the
 tokens-per-call property may catch it.
@@ -10,8 +10,7 @@ import torch
 
 from harness.registry import register
 from impls.speculative.multidraft import WIDTH, TreeSpeculative
-from impls.speculative.processed import Processed, ProcessedSpeculative
-from impls.speculative.standard import SpeculativeSampling, acceptance
+from impls.speculative.standard import Processed, SpeculativeSampling, acceptance
 
 EXACT = ("matches_target_distribution",)
 PROCESSED = ("matches_processed_target_distribution",)
@@ -227,8 +226,8 @@ class MultidraftStaleP(TreeSpeculative):
         return p
 
 
-# Speculative decoding on processed distributions (impls/speculative/processed.py):
-class TargetUnprocessed(ProcessedSpeculative):
+# Speculative decoding on processed distributions (the standard sampler given sampling parameters):
+class TargetUnprocessed(SpeculativeSampling):
     """Only the draft's distribution is processed: the target's rows in the acceptance test, the residual and the
     bonus are its raw ones, so the output follows the unprocessed target (vLLM issue #9834, fixed by PR #10198:
     target probabilities computed with default sampling parameters)."""
@@ -237,7 +236,7 @@ class TargetUnprocessed(ProcessedSpeculative):
         return target
 
 
-class DraftWithTargetParams(ProcessedSpeculative):
+class DraftWithTargetParams(SpeculativeSampling):
     """Drafts are drawn from the draft processed with its own parameters, but the q entering the ratio and the
     residual is the draft processed with the target's (the drafter's sampling parameters are not the ones the
     verifier assumes: z-lab/dflash issue #74)."""

@@ -5,14 +5,25 @@ one call, x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the f
 is drawn from norm(max(0, p_i - q_i)), and when all k are accepted a bonus token from p_{k+1}.
 Invariant: every emitted token is distributed as p given the tokens before it, whatever q is.
 
+Given sampling parameters (caps processes: ``target_params``, ``draft_params``), it samples from processed
+distributions, as a serving engine does: each side's rows are processed with its own parameters by the sort-based
+logits processing of impls/sampling/sort_based.py applied to log p, and the output follows the processed target
+whatever the draft's parameters -- provided the q in the ratio and the residual is the one the drafts were drawn
+from, and the p is the processed target's (vLLM's rejection sampler on processed probabilities, vLLM PR #15063).
+
 The sampler is an object whose every step of a round is a method, so that a variation replaces exactly one
 (the mutants of impls/speculative/mutants.py, the adaptive draft length of impls/speculative/adaptive.py).
 """
 
+import copy
+
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
+from harness.contracts.speculative import Generation, Round, check_inputs, check_processing, validated
 from harness.registry import register
+from impls.sampling.sort_based import SortBased
+
+SORT = SortBased()
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -26,6 +37,18 @@ def acceptance(p_x: float, q_x: float) -> float:
     return min(1.0, p_x / q_x) if q_x > 0 else 1.0
 
 
+class Processed:
+    """An LM whose every row is processed with one row of sampling parameters."""
+
+    def __init__(self, lm, params) -> None:
+        self.lm, self.params, self.vocab_size = lm, params, lm.vocab_size
+
+    def __call__(self, prefixes, n=1):
+        p = self.lm(prefixes, n)  # (B, n, V)
+        rows = p.reshape(-1, p.shape[-1]).log()  # (B n, V): log 0 = -inf, a token the model never gives
+        return torch.stack([SORT.row(z, self.params, 0) for z in rows]).reshape(p.shape)
+
+
 class SpeculativeSampling:
     """``unsure`` > 0: drafting stops after a token the draft drew with probability below it."""
 
@@ -35,7 +58,15 @@ class SpeculativeSampling:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
-    def __call__(self, target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+    def __call__(self, target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None, target_params=None,
+                 draft_params=None):
+        if target_params is not None or draft_params is not None:  # processed distributions
+            check_processing(target_params, "target_params", target.vocab_size)
+            check_processing(draft_params, "draft_params", target.vocab_size)
+            run = copy.copy(self)  # the registered object is shared: this call's models and parameters go on a copy
+            run.raw, run.run_params = (target, draft), (target_params, draft_params)
+            return run(run.target_model(target, target_params), run.draft_model(draft, draft_params), prompt,
+                       gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos)
         check_inputs(target, draft, prompt, gamma, max_new_tokens, eos)
         target, draft = validated(target, "target"), validated(draft, "draft")
         out, rounds, memo = [], [], {}  # memo: what a round may keep for later ones (nothing, when correct)
@@ -48,6 +79,12 @@ class SpeculativeSampling:
             out += (self.at_eos(new, eos) if eos in new else new)[: max_new_tokens - len(out)]
             rounds.append(Round(drafted=len(xs), accepted=self.accepted_count(n, len(xs)), target_calls=1))
         return Generation(out, rounds)
+
+    def target_model(self, target, target_params):
+        return Processed(target, target_params)
+
+    def draft_model(self, draft, draft_params):
+        return Processed(draft, draft_params)
 
     def budget(self, gamma: int, left: int) -> int:
         """Drafts this round: past left - 1 they could never be emitted (the bonus takes the last place)."""
@@ -112,5 +149,5 @@ class SpeculativeSampling:
         return n
 
 
-speculative = register("speculative", "standard", dtypes=("float64",),
+speculative = register("speculative", "standard", dtypes=("float64",), caps={"processes": True},
                        cite="Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2")(SpeculativeSampling())
