@@ -40,6 +40,8 @@ QUICK: dict[str, str] = {
     "bench_paging.PagedDecodeAttention.track_paged_over_contiguous": rf"\(.*, {CPU_OR_CUDA}, 1024\)",
     # exact enumeration of a vocabulary-4 pair, gamma 3, T 4 (goal <= 1 s)                         ~5 s
     "bench_speculative.Enumeration.time_vocab4_gamma3_T4": r"\('standard', 'cpu'\)",
+    # exact enumeration of the V = 8 sampling parameter grid, rejection sampler (goal <= 10 s)      ~5 s
+    "bench_sampling.EnumerationGrid.track_seconds": r"\('rejection'\)",
     # serving simulator, paged vs reserve-max throughput (deterministic)                          ~15 s
     "bench_paging.ServingSimulator.track_throughput_vs_reserve_max": r"\('paged16', '(a|b)'\)",
 }

@@ -114,6 +114,23 @@ def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Ha
         yield outcome, prob
 
 
+class TooManyBranches(AssertionError):
+    """An enumeration past its budget of runs: a sampler whose draws branch further than its case allows."""
+
+
+def outcome_distribution(run: Callable[[ReplayRng], Hashable], *, max_runs: int) -> dict[Hashable, float]:
+    """P(outcome) of ``run`` over every branch of its draws (`explore`, summed per outcome); `TooManyBranches`
+    past ``max_runs`` runs, so that a sampler that keeps drawing gets a verdict, not an endless search.  For a
+    sampler of one step (a token per row of a batch) there are no rounds to merge: every branch is one run."""
+    dist: dict[Hashable, float] = defaultdict(float)
+    for runs, (outcome, prob) in enumerate(explore(run), 1):
+        if runs > max_runs:
+            raise TooManyBranches(f"more than {max_runs} branches of the sampler's draws (each run is one branch): it "
+                                  "draws more often than one categorical per row and a bounded chain of retries")
+        dist[outcome] += prob
+    return dict(dist)
+
+
 @dataclass
 class Enumeration:
     dist: dict[tuple[int, ...], float]  # first T output tokens -> exact probability

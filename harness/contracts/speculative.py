@@ -47,6 +47,15 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
   judged on efficiency: tokens_per_call_matches_formula and draft_equal_to_target_accepts_everything fail
   naming "the contract's bonus rule", and so does round_records_add_up once a drawn case has a round before
   the last that accepts all its drafts.  (A round may stop at max_new_tokens or at eos without a bonus.)
+* Processed distributions.  A serving engine samples from the target's distribution after temperature, top-k,
+  top-p and min-p (harness/contracts/sampling.py), and its draft proposes from its own processed distribution.  A
+  sampler given processed models is just given other models (`harness.references.sampling.ProcessedLM`): the
+  output must follow the processed target.  A sampler that processes the rows itself declares ``caps={"processes":
+  True}`` and is called with the raw models and ``target_params=``, ``draft_params=`` (both absent elsewhere: the
+  models are then sampled as given) -- a one-row
+  `harness.contracts.sampling.SamplingParams` each, penalties off -- applied in transformers' order, tokens tied
+  at a boundary lowest id first (ties "index"); its output must follow the target processed with target_params,
+  whatever draft_params are.  ``check_processing(params, "target_params", V)`` checks one.
 * Returns a `Generation(tokens, rounds)`: ``tokens`` the generated ``list[int]`` (the prompt not included),
   ``rounds`` one `Round(drafted, accepted, target_calls)` per round: ``drafted`` the draft tokens proposed
   (the depth of the tree for a multi-draft sampler), ``accepted`` how many of them the target accepted (not
@@ -71,6 +80,7 @@ from typing import Literal
 
 from harness.capabilities import BatchedCaps, cap
 from harness.contracts import Technique, define
+from harness.contracts.sampling import SamplingParams, check_values
 from harness.guard import ContractViolation, call_limit, guarded_call
 from harness.lm import LM, check_distribution
 from harness.registry import Impl
@@ -89,6 +99,8 @@ class SpeculativeCaps(BatchedCaps):
                                       "by the fixed-gamma formula, not equal to it")
     rounds: bool = cap(True, "returns a Generation with its Round records; False: a plain list of tokens "
                              "(round_records_add_up skips)")
+    processes: bool = cap(False, "takes raw models with target_params / draft_params and applies temperature, top-k, "
+                                 "top-p and min-p to each side itself")
 
 
 SPECULATIVE = define(
@@ -96,7 +108,8 @@ SPECULATIVE = define(
         name="speculative",
         signature="sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation",
         summary="sampling with a draft model whose output distribution is exactly the target's",
-        properties=("properties.test_speculative", "properties.test_speculative_batch"),
+        properties=("properties.test_speculative", "properties.test_speculative_batch",
+                    "properties.test_speculative_processed"),
         reference="autoregressive",
         caps=SpeculativeCaps,
     )
@@ -137,6 +150,18 @@ def check_inputs(target: LM, draft: LM | None, prompt: Sequence[int], gamma: int
         raise ValueError(f"speculative: prompt must be a non-empty list of token ids in [0, {V}), got {prompt!r}")
     if eos is not None and not (isinstance(eos, int) and 0 <= eos < V):
         raise ValueError(f"speculative: eos must be None or a token id in [0, {V}), got {eos!r}")
+
+
+def check_processing(params, name: str, vocab_size: int) -> None:
+    """ValueError/TypeError naming ``name`` unless it is one row of valid sampling parameters with penalties off."""
+    if not isinstance(params, SamplingParams) or params.rows != 1:
+        raise TypeError(f"speculative: {name} must be a one-row SamplingParams, got {params!r}")
+    if (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) != ((1.0,), (0.0,), (0.0,)):
+        raise ValueError(f"speculative: {name} must leave the penalties off (they read the history, not the model)")
+    try:
+        check_values(params, vocab_size)
+    except ValueError as exc:
+        raise ValueError(f"speculative: {name}: {exc}") from None
 
 
 class validated:  # noqa: N801 - used like a function: validated(target, "target")

@@ -10,14 +10,16 @@ import torch
 
 from harness.report.document import Report, section
 
-TECHNIQUES = ("attention", "quantization", "quantized_linear", "speculative")
+TECHNIQUES = ("attention", "quantization", "quantized_linear", "sampling", "speculative")
 SOURCE = "impls.external."
 LIBRARY = {"gguf_quants": "gguf", "torchao_affine": "torchao", "torch_ao_observers": "torch",
            "bitsandbytes_int8": "bitsandbytes", "transformers_attention": "transformers",
            "transformers_speculative": "transformers", "flash_attn_kernels": "flash-attn",
            "flashinfer_kernels": "flashinfer-python", "xformers_kernels": "xformers", "vllm_ops": "vllm",
            "onnxruntime_ops": "onnxruntime", "quanto_weights": "optimum-quanto", "hqq_quant": "hqq",
-           "compressed_tensors_int": "compressed-tensors", "mlx_affine": "mlx"}
+           "compressed_tensors_int": "compressed-tensors", "mlx_affine": "mlx",
+           "transformers_sampling": "transformers", "flashinfer_sampling": "flashinfer-python",
+           "vllm_sampling": "vllm"}
 
 
 def library_of(impl) -> str:

@@ -12,6 +12,7 @@ from impls.external import (  # noqa: F401 - imported to register
     compressed_tensors_int,
     flash_attn_kernels,
     flashinfer_kernels,
+    flashinfer_sampling,
     gguf_quants,
     hqq_quant,
     mlx_affine,
@@ -22,7 +23,9 @@ from impls.external import (  # noqa: F401 - imported to register
     transformers_attention,
     transformers_kv,
     transformers_kv_mutants,
+    transformers_sampling,
     transformers_speculative,
     vllm_ops,
+    vllm_sampling,
     xformers_kernels,
 )

@@ -10,13 +10,11 @@ Leviathan et al. 2023, Algorithm 1, with a draft length chosen per round as in M
 """
 
 from harness.registry import register
-from impls.speculative.standard import speculate
+from impls.speculative.standard import SpeculativeSampling
 
 UNSURE = 0.4  # a drafted token below this draft probability ends the round's drafting
 
-
-@register("speculative", "adaptive_gamma", dtypes=("float64",), caps={"adaptive_gamma": True},
-          cite="Leviathan et al. 2023, Algorithm 1; Mamou et al. 2024, Dynamic Speculation Lookahead")
-def adaptive_speculative(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
-    return speculate(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos,
-                     unsure=UNSURE)
+adaptive_speculative = register(
+    "speculative", "adaptive_gamma", dtypes=("float64",), caps={"adaptive_gamma": True},
+    cite="Leviathan et al. 2023, Algorithm 1; Mamou et al. 2024, Dynamic Speculation Lookahead",
+)(SpeculativeSampling(unsure=UNSURE))
