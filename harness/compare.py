@@ -411,12 +411,12 @@ def copies(fractions: list[float], repo: Path = ROOT, at: str = "HEAD") -> tuple
 
 def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pairs: int = PAIRS,
           out: Path | None = None, at: str = "HEAD") -> dict:
-    """Compare the original with each copy ``comparisons`` times, the fractions taking turns so that the
-    machine's load falls on all of them alike; per fraction, how often the verdict was ``slower``, the
-    ratios, and the seconds per comparison (fresh worker pairs each time, environments already built), with the
-    load average and the time of each.  With ``out`` the tally is written after every turn, and a later run of
-    the same design (copies, rounds, pairs, statistics, and this checkout's commit: the measuring code) goes on
-    from it: the measurement can be taken in chunks, ``comparisons`` being the total per fraction."""
+    """Compare the original with each copy ``comparisons`` times (a fraction listed twice: twice as often), the
+    fractions taking turns so that the machine's load falls on all of them alike.  Per fraction: how often the
+    verdict was ``slower`` / ``faster``, the ratios, the seconds per comparison (fresh worker pairs each time,
+    environments already built), the load average and the time of each.  With ``out`` the tally is written after
+    every turn, and a later run of the same design (copies, rounds, pairs, statistics, and this checkout's commit:
+    the measuring code) goes on from it, so the measurement can be taken in chunks."""
     scratch, base, made = copies(fractions, at=at)
     for commit in [base, *made.values()]:
         prepare(commit, scratch)
@@ -426,9 +426,10 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pai
     kept = before.get("fractions", {}) if before.get("design") == design else {}
     tally = {f: kept.get(str(f)) or {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [],
                                      "seconds": [], "load": [], "finished": []} for f in fractions}
-    for k in range(min(t["n"] for t in tally.values()), comparisons):
+    turn = {f: fractions.count(f) for f in fractions}  # a fraction listed twice is compared twice per turn
+    for k in range(comparisons):
         for f in fractions:
-            if tally[f]["n"] > k:
+            if tally[f]["n"] >= (k + 1) * turn[f]:  # measured before: a resumed run skips it
                 continue
             started = time.perf_counter()
             (r,) = compare_commits(base, made[f], CALIBRATED, rounds=rounds, pairs=pairs, repo=scratch,
