@@ -73,6 +73,7 @@ class Point:
     machine: str
     params: tuple  # the parameter values (Python objects), in the benchmark's parameter order
     commit: str
+    env: str  # asv's environment name: the interpreter and the requirements' versions
     date: int  # the commit's date, ms since the epoch (asv's)
     value: float
     q25: float | None
@@ -104,8 +105,9 @@ def _entry_points(name: str, machine: str, data: dict, column: dict, committed: 
             continue
         count = counts[i] if i < len(counts) else None
         count = len(count) if isinstance(count, list) else count
-        yield Point(name, machine, tuple(combo), data["commit_hash"], data.get("date", 0), float(value),
-                    _number(q25, i), _number(q75, i), int(count or 1), column.get("version", ""), committed)
+        yield Point(name, machine, tuple(combo), data["commit_hash"], data.get("env_name", ""), data.get("date", 0),
+                    float(value), _number(q25, i), _number(q75, i), int(count or 1), column.get("version", ""),
+                    committed)
 
 
 def _number(column: list, i: int) -> float | None:
