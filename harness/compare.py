@@ -102,6 +102,7 @@ class Result:
     a: list[float] = field(default_factory=list)
     b: list[float] = field(default_factory=list)
     pairs: list[int] = field(default_factory=list)  # the worker pair each round ran in (empty: one pair)
+    pair_logs: list[float] = field(default_factory=list)  # each pair's median log ratio: what the interval is over
     seconds: float = 0.0
     why: str = ""
 
@@ -125,6 +126,7 @@ def judge(r: Result, higher_is_better: bool | None = None) -> Result:
     if len(set(r.pairs)) > 1:
         pair = np.asarray(r.pairs)
         d = np.array([np.median(d[pair == p]) for p in sorted(set(r.pairs))])  # (pairs,)
+        r.pair_logs = [float(x) for x in d]
     centre, low, high = signed_rank_interval(d)
     r.ratio, r.low, r.high = math.exp(centre), math.exp(low), math.exp(high)
     r.p_value = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
@@ -425,7 +427,7 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pai
     before = json.loads(out.read_text()) if out and out.is_file() else {}
     kept = before.get("fractions", {}) if before.get("design") == design else {}
     tally = {f: kept.get(str(f)) or {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [],
-                                     "seconds": [], "load": [], "finished": []} for f in fractions}
+                                     "pair_logs": [], "seconds": [], "load": [], "finished": []} for f in fractions}
     turn = {f: fractions.count(f) for f in fractions}  # a fraction listed twice is compared twice per turn
     for k in range(comparisons):
         for f in fractions:
@@ -450,6 +452,7 @@ def _count(t: dict, r: Result, seconds: float) -> None:
     t["verdicts"].append(r.verdict)
     t["ratios"].append(r.ratio)
     t["intervals"].append([r.low, r.high])
+    t["pair_logs"].append(r.pair_logs)
     t["seconds"].append(seconds)
     t["load"].append(os.getloadavg()[0])
     t["finished"].append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
