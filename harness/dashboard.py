@@ -27,6 +27,7 @@ from pathlib import Path
 
 from harness import asvrun, provenance
 from harness.bench import results as results_paths
+from harness.bench.steps import recorded_steps
 
 ROOT = provenance.ROOT
 ASSETS = Path(__file__).with_name("dashboard_assets")
@@ -72,7 +73,7 @@ def publish(html_dir: Path | None = None, results: list[Path] | None = None) -> 
     if rc == 0:
         (html_dir / "index.html").rename(html_dir / "asv.html")
         vendorize(html_dir)
-        data = overview(results, suite, steps())
+        data = overview(results, suite, recorded_steps())
         (html_dir / "overview-data.js").write_text(f"window.HARNESS_OVERVIEW = {json.dumps(data)};\n")
         shutil.copy(ASSETS / "overview.html", html_dir / "index.html")
     return rc
@@ -127,12 +128,6 @@ def _patch(path: Path, old: str, new: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the overview
-def steps() -> list[dict]:
-    """The committed steps of the history and what `compare` called each (results/steps.json), [] before any."""
-    path = results_paths.STEPS
-    return json.loads(path.read_text())["steps"] if path.is_file() else []
-
-
 def overview(roots: list[Path], suite: dict, confirmed: list[dict]) -> dict:
     """The overview's data: one graph per (benchmark, machine) with a history (a series measured at two commits
     or more), the longest history first; the cases measured at one commit only, listed."""
