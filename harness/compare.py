@@ -111,7 +111,7 @@ class Result:
         return self.name + (f"({', '.join(map(repr, self.params))})" if self.params else "")
 
 
-def judge(r: Result, higher_is_better: bool | None = None) -> Result:
+def judge(r: Result, higher_is_better: bool | None = None, min_effect: float = MIN_EFFECT) -> Result:
     """Fill in the ratio, its interval, the signed-rank p-value and the verdict from the paired rounds: over
     the pairs' median log ratios where the rounds came from several worker pairs, else over the rounds."""
     import numpy as np
@@ -130,9 +130,9 @@ def judge(r: Result, higher_is_better: bool | None = None) -> Result:
     centre, low, high = signed_rank_interval(d)
     r.ratio, r.low, r.high = math.exp(centre), math.exp(low), math.exp(high)
     r.p_value = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
-    if r.low > 1 and r.ratio >= 1 + MIN_EFFECT:
+    if r.low > 1 and r.ratio >= 1 + min_effect:
         up = True
-    elif r.high < 1 and r.ratio <= 1 / (1 + MIN_EFFECT):
+    elif r.high < 1 and r.ratio <= 1 / (1 + min_effect):
         up = False
     else:
         r.verdict = "noisy" if r.low < 1 / (1 + NOISY) or r.high > 1 + NOISY else "same"
