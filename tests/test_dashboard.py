@@ -203,3 +203,14 @@ def test_asv_pages_start_with_the_headline_benchmarks(html, server, browser):
     names = browser.execute_script("return $('#group-headline a').map(function(){"
                                    " return $(this).attr('href').slice(1); }).get();")
     assert names and set(names) <= set(asvrun.QUICK), names
+
+
+def test_facets_split_by_the_fewest_parameters_into_panels_of_at_most_six():
+    from harness.dashboard import facets
+
+    cases = [("env", (impl, "cpu", n, w)) for impl in ("a", "b") for n in (64, 128, 256, 512) for w in (128, 256)]
+    panels = facets(cases, varying=[0, 2, 3])
+    assert all(len(members) <= MAX_SERIES for _, members in panels)
+    assert sorted(c for _, members in panels for c in members) == sorted(cases)
+    assert [k for k, _ in panels] == [(2,)] * 4  # by n alone: 4 panels of 4 (by impl or width: 8 a panel)
+    assert facets(cases[:5], varying=[0, 2, 3]) == [((), cases[:5])]
