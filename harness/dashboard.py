@@ -163,6 +163,8 @@ def _graph(benchmark: str, machine: str, cases: dict, meta: dict, confirmed: lis
     commits = sorted({p.commit: p.date for points in cases.values() for p in points}.items(), key=lambda c: c[1])
     x = {commit: i for i, (commit, _) in enumerate(commits)}
     goal = asvrun.GOALS.get(benchmark)
+    marks = [dict(s, x=x[s["after"]]) for s in confirmed if s["machine"] == machine and s["benchmark"] == benchmark
+             and s["compare"]["verdict"] in SIGNIFICANT and s["after"] in x]
     panels = []
     for facet, members in facets(sorted(cases, key=lambda c: (-len(cases[c]), c)), varying):
         panel_series = []
@@ -172,17 +174,15 @@ def _graph(benchmark: str, machine: str, cases: dict, meta: dict, confirmed: lis
             panel_series.append({"label": label + (f" ({env})" if len(envs) > 1 else ""), "params": named,
                                  "points": [[x[p.commit], p.value, p.q25, p.q75, p.commit[:8], p.samples]
                                             for p in cases[env, params]]})
-        facet_params = dict(zip(names, members[0][1], strict=False))
         goal_here = goal is not None and any(goal.applies(s["params"]) for s in panel_series)
+        drawn = {params for _, params in members}
         panels.append({"title": ", ".join(f"{names[i]}={members[0][1][i]}" for i in facet)
                        or _named(names, members[0][1], [i for i in range(len(names)) if i not in varying]),
-                       "series": panel_series, "facet": {names[i]: facet_params[names[i]] for i in facet},
+                       "series": panel_series, "steps": [m for m in marks if tuple(m["params"]) in drawn],
                        "goal": {"value": goal.value, "better": goal.better} if goal_here else None})
-    marks = [dict(s, x=x[s["after"]]) for s in confirmed if s["machine"] == machine and s["benchmark"] == benchmark
-             and s["compare"]["verdict"] in SIGNIFICANT and s["after"] in x]
     return {"benchmark": benchmark, "machine": machine, "unit": meta.get("unit"), "history": longest,
             "commits": [[c[:8], time.strftime("%Y-%m-%d", time.gmtime(d / 1000))] for c, d in commits],
-            "panels": panels, "steps": marks}
+            "panels": panels}
 
 
 def _named(names: list[str], params: tuple, which: list[int] | None = None) -> str:

@@ -214,3 +214,32 @@ def test_facets_split_by_the_fewest_parameters_into_panels_of_at_most_six():
     assert sorted(c for _, members in panels for c in members) == sorted(cases)
     assert [k for k, _ in panels] == [(2,)] * 4  # by n alone: 4 panels of 4 (by impl or width: 8 a panel)
     assert facets(cases[:5], varying=[0, 2, 3]) == [((), cases[:5])]
+
+
+def test_overview_keeps_machines_apart_and_marks_only_significant_steps(tmp_path):
+    import json
+
+    from harness.bench.results import COLUMNS
+    from harness.dashboard import overview
+
+    bench = "bench_x.C.track_v"
+    for machine, values in (("vm-a", [1.0, 1.2, 1.21]), ("vm-b", [5.0, 5.1])):
+        (tmp_path / machine).mkdir()
+        (tmp_path / machine / "machine.json").write_text(json.dumps({"machine": machine, "cpu": "x", "version": 1}))
+        for i, v in enumerate(values):
+            entry = dict.fromkeys(COLUMNS)
+            entry.update(result=[v, None], params=[["'cpu'", "'cuda'"]], version="v", stats_q_25=[v - 0.01, None],
+                         stats_q_75=[v + 0.01, None], stats_repeat=[3, None])
+            (tmp_path / machine / f"c{i}-env.json").write_text(json.dumps({
+                "commit_hash": f"c{i}" * 10, "env_name": "env", "date": 1000 * i, "result_columns": COLUMNS,
+                "results": {bench: [entry[c] for c in COLUMNS]}}))
+    suite = {bench: {"version": "v", "param_names": ["device"], "unit": "x"}}
+    steps = [{"machine": "vm-a", "benchmark": bench, "params": ["cpu"], "after": "c1" * 10,
+              "compare": {"verdict": verdict, "ratio": 1.2}} for verdict in ("higher", "same")]
+    data = overview([tmp_path], suite, steps)
+    assert [(g["machine"], g["history"]) for g in data["graphs"]] == [("vm-a", 3), ("vm-b", 2)]
+    (panel,) = data["graphs"][0]["panels"]
+    assert [s["label"] for s in panel["series"]] == ["device=cpu"]  # the cuda case, never run, is no series
+    assert [p[1:4] for p in panel["series"][0]["points"]] == [[1.0, 0.99, 1.01], [1.2, 1.19, 1.21], [1.21, 1.2, 1.22]]
+    assert [(s["x"], s["compare"]["verdict"]) for s in panel["steps"]] == [(1, "higher")]
+    assert data["graphs"][1]["panels"][0]["steps"] == []

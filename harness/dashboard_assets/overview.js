@@ -53,7 +53,7 @@
     if (panel.goal) {
       markings.push({yaxis: {from: panel.goal.value, to: panel.goal.value}, color: "#070", lineWidth: 1.5});
     }
-    $.each(graph.steps, function (_, s) {
+    $.each(panel.steps, function (_, s) {
       markings.push({xaxis: {from: s.x - 0.5, to: s.x - 0.5}, color: "#a00", lineWidth: 1});
     });
     var n = graph.commits.length;
@@ -68,7 +68,7 @@
       plotBox.append(text("div", "goal-label", "goal " + (panel.goal.better === "above" ? ">= " : "<= ") + panel.goal.value)
         .css({right: 8, top: at.top - 16}));
     }
-    $.each(graph.steps, function (i, s) {
+    $.each(panel.steps, function (i, s) {
       var at = plot.pointOffset({x: s.x - 0.5, y: plot.getAxes().yaxis.max});
       plotBox.append(text("div", "step-label", s.after.slice(0, 8) + ": " + s.compare.verdict + " x" +
                           s.compare.ratio.toFixed(3)).css({left: at.left + 3, top: at.top + 4 + 14 * i}));
