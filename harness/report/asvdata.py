@@ -58,9 +58,12 @@ class Values(dict):
 
 @cache
 def current_versions() -> dict[str, str]:
-    """{benchmark: version} of this checkout's suite, as asv discovers it from the code (harness.asvrun.suite)."""
+    """{benchmark: version} of this checkout's suite, as asv discovers it from the code (harness.asvrun.suite);
+    {} (every version read) outside a checkout, where there is no suite to discover."""
     from harness.asvrun import suite
 
+    if provenance.checkout() is None:
+        return {}
     return {name: b["version"] for name, b in suite().items() if isinstance(b, dict)}
 
 
