@@ -36,7 +36,7 @@ class Calibrated:
 
 class ComparisonPower:
     """Share of comparisons (HEAD = a copy with COST raised by ``fraction``, BASE = the original) whose verdict is
-    'slower': at 0 the false-alarm rate (goal <= 0.01), at 0.10 the detection rate (goal >= 0.95)."""
+    'slower': at 0 the false-alarm rate (goal <= 0.01), at 0.05 the detection rate (goal >= 0.95)."""
 
     params = [[0.0, 0.05, 0.1, 0.2]]
     param_names = ["fraction"]

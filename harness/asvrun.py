@@ -1,10 +1,9 @@
 """asv, run so that it never touches tracked files, and the benchmark cases the harness runs by name.
 
-Every asv call goes through a temporary configuration (results and html where the caller says, by default
-under ``provenance.output_root()``: results/local in a checkout) and a temporary machine file describing this
-hardware under its own name (``provenance.asv_machine()``), so neither results/benchmarks.json,
-results/<machine>/ nor ~/.asv-machine.json is written unless a caller points asv there on purpose (the
-history backfill).
+Every asv call goes through a temporary configuration (results and html where the caller says: the paths of
+harness.bench.results) and a temporary home holding a machine file that describes this hardware under its own
+name (``provenance.asv_machine()``), so neither results/<machine>/ nor ~/.asv-machine.json is written unless a
+caller points asv there on purpose (the history backfill).
 
 QUICK is the main job's quick pass (the headline ratios; harness.history's backfill measures the same cases
 over main's history), GATE the regression gate's cases (fast ``time_`` benchmarks, one per technique).
@@ -12,13 +11,18 @@ over main's history), GATE the regression gate's cases (fast ``time_`` benchmark
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness import provenance
+from harness.bench import results as results_paths
 
 ROOT = provenance.ROOT
 
@@ -45,6 +49,31 @@ QUICK: dict[str, str] = {
     # serving simulator, paged vs reserve-max throughput (deterministic)                          ~15 s
     "bench_paging.ServingSimulator.track_throughput_vs_reserve_max": r"\('paged16', '(a|b)'\)",
 }
+
+@dataclass(frozen=True)
+class Goal:
+    """A headline benchmark's goal (docs/benchmarks.md): the value, the side of it that meets the goal, and the
+    parameter values of the cases it is set for (empty: every case)."""
+
+    value: float
+    better: str  # "above" or "below"
+    where: tuple[tuple[str, object], ...] = ()
+
+    def applies(self, params: dict) -> bool:
+        return all(params.get(name) == value for name, value in self.where)
+
+    def met(self, value: float) -> bool:
+        return value >= self.value if self.better == "above" else value <= self.value
+
+
+GOALS: dict[str, Goal] = {
+    "bench_attention.SdpaRatio.track_best_tiled_over_sdpa": Goal(1.0, "below"),
+    "bench_kvcache.CachedVsRecompute.track_recompute_over_cached": Goal(10.0, "above", (("n", 512),)),
+    "bench_kvcache.MemoryRoofline.track_fraction_of_matvec_bandwidth": Goal(0.85, "above"),
+    "bench_paging.PagedDecodeAttention.track_paged_over_contiguous": Goal(1.25, "below"),
+    "bench_speculative.Enumeration.time_vocab4_gamma3_T4": Goal(1.0, "below"),
+}
+
 # The regression gate: fast time_ cases of every technique's main kernels, each measured in ~0.1 s samples
 # (harness.compare: 30 A/B rounds each, about 10 s a case here).
 GATE: dict[str, str] = {
@@ -69,29 +98,63 @@ def regex(cases: dict[str, str]) -> str:
 
 
 def local_results() -> Path:
-    """asv results of this machine's runs: ignored, under output_root() (never results/<committed machine>/)."""
-    return provenance.output_root() / "asv"
-
-
-_ASV_MAIN = ("import sys, asv.machine as m; path = sys.argv.pop(1); "
-             "m.MachineCollection.get_machine_file_path = staticmethod(lambda: path); "
-             "from asv.main import main; sys.argv[0] = 'asv'; sys.exit(main())")
+    """asv results of this machine's runs (harness.bench.results.local())."""
+    return results_paths.local()
 
 
 def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int = 0, **config) -> int:
     """``asv ARGS`` with a temporary configuration (results_dir ``results``, html_dir ``html``, ``config``
-    overriding asv.conf.json) and a temporary machine file holding this machine, named by its hardware."""
+    overriding asv.conf.json) and this machine, named by its hardware, as the only one asv knows.
+
+    asv keeps its machines in ~/.asv-machine.json (asv's docs, "Machine information"); asv runs here with a
+    temporary HOME holding this machine's file, so the user's is never read or written.  The caches under the
+    real home (pip, Triton's compiled kernels) stay where they are."""
     conf = json.loads((ROOT / "asv.conf.json").read_text())
     conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), env_dir=str(ROOT / ".asv" / "env"),
                 results_dir=str(results), html_dir=str(html or results.parent / "html"), **config)
     machine = provenance.asv_machine()
-    with tempfile.TemporaryDirectory(prefix="harness-asv-") as tmp:
-        (Path(tmp) / "asv.conf.json").write_text(json.dumps(conf, indent=2))
-        (Path(tmp) / "machine.json").write_text(json.dumps({machine["machine"]: machine, "version": 1}))
-        cmd = [sys.executable, "-c", _ASV_MAIN, str(Path(tmp) / "machine.json"), *args,
-               "--config", str(Path(tmp) / "asv.conf.json")]
+    real_home = Path.home()
+    with tempfile.TemporaryDirectory(prefix="harness-asv-") as home:
+        (Path(home) / "asv.conf.json").write_text(json.dumps(conf, indent=2))
+        (Path(home) / ".asv-machine.json").write_text(json.dumps({machine["machine"]: machine, "version": 1}))
+        env = {"XDG_CACHE_HOME": str(real_home / ".cache"), "XDG_CONFIG_HOME": str(real_home / ".config"),
+               "TRITON_CACHE_DIR": str(real_home / ".triton" / "cache"), **os.environ, "HOME": home}
+        cmd = [sys.executable, "-m", "asv", *args, "--config", str(Path(home) / "asv.conf.json")]
         if args[0] in ("run", "continuous"):
             cmd += ["--machine", machine["machine"]]
-        return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT).returncode
+        return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT, env=env).returncode
 
 
+def suite(refresh: bool = False) -> dict:
+    """asv's description of this checkout's benchmark suite (benchmarks.json: names, parameter grids, versions),
+    discovered by asv (~5 s) into results_paths.suite_file() unless it was already discovered at this clean
+    commit.  Never committed: it is a function of the code."""
+    path, stamp = results_paths.suite_file(), results_paths.suite_file().with_suffix(".commit")
+    here = _code_stamp()
+    current = here != "unknown" and path.is_file() and stamp.is_file() and stamp.read_text() == here
+    if refresh or not current:
+        with tempfile.TemporaryDirectory(prefix="harness-discover-") as tmp:
+            # selecting no benchmark, asv discovers the suite, writes benchmarks.json, runs nothing and exits 1
+            rc = asv(["run", "--quick", "--python=same", "--dry-run", "--bench", "^no benchmark is called this$"]
+                     + (["--set-commit-hash", _head()] if _head() else []), results=Path(tmp))
+            found = Path(tmp) / "benchmarks.json"
+            if not found.is_file():
+                raise RuntimeError(f"asv could not discover the benchmark suite (exit {rc})")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(found, path)
+        stamp.write_text(here)
+    return json.loads(path.read_text())
+
+
+def _code_stamp() -> str:
+    """The checkout's commit, with a hash of its uncommitted changes to tracked files."""
+    here = provenance.commit()
+    if here.endswith("+dirty"):
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=ROOT, capture_output=True).stdout
+        here += hashlib.sha1(diff).hexdigest()[:12]
+    return here
+
+
+def _head() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""

@@ -1,4 +1,4 @@
-"""A/B comparison that sees a 10% change on a shared machine: ``python -m harness compare BASE HEAD``.
+"""A/B comparison that sees a 5% change on a shared machine: ``python -m harness compare BASE HEAD``.
 
 Both commits' code runs in one session: each commit gets a git worktree and a virtual environment of its own
 (the running interpreter's packages -- torch -- reached through a .pth file, the project installed editable
@@ -8,11 +8,11 @@ round, the order flipping each round (A B, B A, A B, ...), so load that comes an
 on both sides alike and cancels in each round's ratio HEAD / BASE.  A ``time_`` case is read as the fastest
 call's CPU time in each sample, on one torch thread, both sides of a round on one CPU (`Rounds` says why).
 
-The rounds are spread over PAIRS pairs of fresh workers, a few rounds each.  A process's memory layout (where
-ASLR put the libraries, how its heap came out) moves every round it runs by the same few per cent (Mytkowicz et
-al., "Producing wrong data without doing anything obviously wrong!", ASPLOS 2009): two processes of identical
-code measured here differed by 2-3% for a whole comparison, so the rounds of one pair are not independent
-evidence, and an interval over them was too narrow (it called 4 of 141 identical copies slower).  The pair is
+The rounds are spread over PAIRS pairs of fresh workers, ROUNDS / PAIRS rounds each.  A process's memory layout
+(where ASLR put the libraries, how its heap came out) moves every round it runs by the same few per cent
+(Mytkowicz et al., "Producing wrong data without doing anything obviously wrong!", ASPLOS 2009): two processes of
+identical code measured here differed by 2-3% for a whole comparison, so the rounds of one pair are not
+independent evidence, and an interval over them is too narrow.  The pair is
 the unit: each pair's estimate is the median of its rounds' log ratios; the ratio is the Hodges-Lehmann
 estimate (median of the Walsh averages) of the pairs' estimates, with the distribution-free confidence interval
 that inverts the Wilcoxon signed-rank test (Hollander & Wolfe, Nonparametric Statistical Methods, Sec. 3.2): a
@@ -55,13 +55,13 @@ from harness.engine.inputs import UsageError
 ROOT = provenance.ROOT
 ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, reused (git-ignored)
 WORKER = Path(__file__).with_name("benchworker.py")
-ROUNDS = 40
-PAIRS = 10  # the fewest whose 99% signed-rank interval can exclude 1 with room to spare (8 is the least)
+ROUNDS = 160
+PAIRS = 16  # chosen by simulation to see 5% at >= 95% power (docs/benchmarks.md); 8 is the fewest that can exclude 1
 MIN_ROUNDS = 10  # a case's fewest rounds, over all its pairs, however slow a round is
 BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
 CONFIDENCE = 0.99
-MIN_EFFECT = 0.05
-NOISY = 0.10
+MIN_EFFECT = 0.025
+NOISY = 0.05
 WORSE = ("slower", "worse")
 HIGHER_IS_BETTER = {"GFLOP/s", "TFLOP/s", "GB/s", "speedup", "x", "tokens/call", "fraction", "a", "requests"}
 CALIBRATED = r"^bench_harness\.Calibrated\.time_work$"
@@ -104,6 +104,7 @@ class Result:
     a: list[float] = field(default_factory=list)
     b: list[float] = field(default_factory=list)
     pairs: list[int] = field(default_factory=list)  # the worker pair each round ran in (empty: one pair)
+    pair_logs: list[float] = field(default_factory=list)  # each pair's median log ratio: what the interval is over
     seconds: float = 0.0
     why: str = ""
 
@@ -112,7 +113,7 @@ class Result:
         return self.name + (f"({', '.join(map(repr, self.params))})" if self.params else "")
 
 
-def judge(r: Result, higher_is_better: bool | None = None) -> Result:
+def judge(r: Result, higher_is_better: bool | None = None, min_effect: float = MIN_EFFECT) -> Result:
     """Fill in the ratio, its interval, the signed-rank p-value and the verdict from the paired rounds: over
     the pairs' median log ratios where the rounds came from several worker pairs, else over the rounds."""
     import numpy as np
@@ -127,12 +128,13 @@ def judge(r: Result, higher_is_better: bool | None = None) -> Result:
     if len(set(r.pairs)) > 1:
         pair = np.asarray(r.pairs)
         d = np.array([np.median(d[pair == p]) for p in sorted(set(r.pairs))])  # (pairs,)
+        r.pair_logs = [float(x) for x in d]
     centre, low, high = signed_rank_interval(d)
     r.ratio, r.low, r.high = math.exp(centre), math.exp(low), math.exp(high)
     r.p_value = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
-    if r.low > 1 and r.ratio >= 1 + MIN_EFFECT:
+    if r.low > 1 and r.ratio >= 1 + min_effect:
         up = True
-    elif r.high < 1 and r.ratio <= 1 / (1 + MIN_EFFECT):
+    elif r.high < 1 and r.ratio <= 1 / (1 + min_effect):
         up = False
     else:
         r.verdict = "noisy" if r.low < 1 / (1 + NOISY) or r.high > 1 + NOISY else "same"
@@ -298,11 +300,21 @@ class Rounds:
 
 
 def worker_pairs(start_a, start_b, pairs: int = PAIRS):
-    """(index, worker a, worker b) for ``pairs`` pairs of fresh workers, both of a pair starting at once (their
-    imports overlap), each pair ended before the next starts."""
-    for p in range(pairs):
-        with start_a() as a, start_b() as b:
+    """(index, worker a, worker b) for ``pairs`` pairs of fresh workers.  The next pair is started while this one
+    measures: a worker's start (importing torch, ~1.5 s of CPU) is most of a pair's cost, and its load falls on
+    both sides of the rounds it overlaps alike, as any neighbour's does."""
+    started = [(start_a(), start_b())]
+    try:
+        for p in range(pairs):
+            if p + 1 < pairs:
+                started.append((start_a(), start_b()))
+            a, b = started[0]
             yield p, a, b
+            for worker in started.pop(0):
+                worker.close()
+    finally:
+        for worker in (w for pair in started for w in pair):
+            worker.close()
 
 
 def measure(start_a, start_b, matched, *, pairs: int = PAIRS, progress=print, **how) -> list[Result]:
@@ -412,34 +424,49 @@ def copies(fractions: list[float], repo: Path = ROOT, at: str = "HEAD") -> tuple
 
 def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pairs: int = PAIRS,
           out: Path | None = None, at: str = "HEAD") -> dict:
-    """Compare the original with each copy ``comparisons`` times, the fractions taking turns so that the
-    machine's load falls on all of them alike; per fraction, how often the verdict was ``slower``, the
-    ratios, and the seconds per comparison (fresh worker pairs each time, environments already built)."""
+    """Compare the original with each copy ``comparisons`` times (a fraction listed twice: twice as often), the
+    fractions taking turns so that the machine's load falls on all of them alike.  Per fraction: how often the
+    verdict was ``slower`` / ``faster``, the ratios, the seconds per comparison (fresh worker pairs each time,
+    environments already built), the load average and the time of each.  With ``out`` the tally is written after
+    every turn, and a later run of the same design (copies, rounds, pairs, statistics, and this checkout's commit:
+    the measuring code) goes on from it, so the measurement can be taken in chunks."""
     scratch, base, made = copies(fractions, at=at)
     for commit in [base, *made.values()]:
         prepare(commit, scratch)
-    tally = {f: {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [], "seconds": []}
-             for f in fractions}
+    design = {"commit": base, "rounds": rounds, "pairs": pairs, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT,
+              "noisy": NOISY, "measured_by": provenance.commit()}
+    before = json.loads(out.read_text()) if out and out.is_file() else {}
+    kept = before.get("fractions", {}) if before.get("design") == design else {}
+    tally = {f: kept.get(str(f)) or {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [],
+                                     "pair_logs": [], "seconds": [], "load": [], "finished": []} for f in fractions}
+    turn = {f: fractions.count(f) for f in fractions}  # a fraction listed twice is compared twice per turn
     for k in range(comparisons):
         for f in fractions:
+            if tally[f]["n"] >= (k + 1) * turn[f]:  # measured before: a resumed run skips it
+                continue
             started = time.perf_counter()
             (r,) = compare_commits(base, made[f], CALIBRATED, rounds=rounds, pairs=pairs, repo=scratch,
                                    progress=lambda _: None)
-            t = tally[f]
-            t["n"] += 1
-            t["slower"] += r.verdict == "slower"
-            t["faster"] += r.verdict == "faster"
-            t["verdicts"].append(r.verdict)
-            t["ratios"].append(r.ratio)
-            t["intervals"].append([r.low, r.high])
-            t["seconds"].append(time.perf_counter() - started)
-            print(f"power {k + 1}/{comparisons} +{f:.0%}: {line(r)}  [{time.perf_counter() - started:.1f} s]",
-                  flush=True)
+            _count(tally[f], r, time.perf_counter() - started)
+            print(f"power {k + 1}/{comparisons} +{f:.0%}: {line(r)}  [{time.perf_counter() - started:.1f} s, "
+                  f"load {os.getloadavg()[0]:.1f}]", flush=True)
         if out:
-            outputs.write_json(out, {"fractions": tally, "rounds": rounds, "pairs": pairs,
-                                     "machine": provenance.machine_name(),
-                                     "commit": base, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT})
+            outputs.write_json(out, {"design": design, "machine": provenance.machine_name(),
+                                     "fractions": {str(f): t for f, t in tally.items()}})
     return tally
+
+
+def _count(t: dict, r: Result, seconds: float) -> None:
+    t["n"] += 1
+    t["slower"] += r.verdict == "slower"
+    t["faster"] += r.verdict == "faster"
+    t["verdicts"].append(r.verdict)
+    t["ratios"].append(r.ratio)
+    t["intervals"].append([r.low, r.high])
+    t["pair_logs"].append(r.pair_logs)
+    t["seconds"].append(seconds)
+    t["load"].append(os.getloadavg()[0])
+    t["finished"].append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 # ------------------------------------------------------------------------------------------ command line

@@ -30,16 +30,16 @@ import time
 from pathlib import Path
 
 from harness import asvrun, compare, provenance
+from harness.bench import results as results_paths
+from harness.bench.results import COLUMNS
 from harness.engine import inputs, outputs
 
 ROOT = provenance.ROOT
-RESULTS = ROOT / "results"
-COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
-           "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
+RESULTS = results_paths.COMMITTED
 PER_CASE = [COLUMNS.index(c) for c in ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75",
                                        "stats_number", "stats_repeat", "samples")]
-SAMPLES = 3  # per case and commit, fewer where one takes more than CASE_BUDGET_S
-CASE_BUDGET_S = 40.0
+SAMPLES = 3  # per case and commit (their quartiles are the spread the dashboard draws), fewer where they would
+CASE_BUDGET_S = 150.0  # take more CPU seconds than this (CPU, not wall: on a loaded machine wall time is unbounded)
 
 
 def env_identity(python: str | None = None) -> tuple[str, dict[str, str]]:
@@ -138,17 +138,6 @@ def since(names: list[str], branch: str = "main") -> str:
     return min(firsts, key=order.index) if firsts else order[0]
 
 
-def discover(results: Path) -> dict:
-    """asv's benchmarks.json of this checkout's suite (names, parameter grids, versions), into ``results``."""
-    with tempfile.TemporaryDirectory(prefix="harness-discover-") as tmp:
-        asvrun.asv(["run", "--quick", "--python=same", "--dry-run", "--set-commit-hash",
-                        compare.git(ROOT, "rev-parse", "HEAD"), "--bench", "^no benchmark is called this$"],
-                       results=Path(tmp))
-        document = inputs.asv_benchmarks(Path(tmp) / "benchmarks.json")
-    outputs.write_text(results / "benchmarks.json", (Path(tmp) / "benchmarks.json").read_text())
-    return document
-
-
 def measure_commit(python: Path, src: Path, cases: list[tuple[str, tuple]], suite: Path) -> dict[tuple, dict]:
     """{case: {"samples": [...], "started_at": ms, "duration": s} or {"skip": why}} at one commit, with the
     benchmark suite (and worker) in ``suite``; a worker that dies or hangs costs its case only."""
@@ -170,14 +159,15 @@ def _measure_case(worker: compare.Worker, name: str, params: tuple) -> dict:
     answer = worker.ask("setup", name=name, params=list(params))
     if not answer.get("ok"):
         return {"skip": answer.get("skip") or answer.get("error")}
-    samples = []
+    samples, cpu = [], 0.0
     while len(samples) < SAMPLES:
         sample = worker.ask("sample")
         if "error" in sample:
             worker.ask("teardown")
             return {"skip": sample["error"]}
         samples.append(sample["value"])
-        if (time.time() - started) * (len(samples) + 1) / len(samples) > CASE_BUDGET_S:
+        cpu += sample["cpu"]
+        if cpu * (len(samples) + 1) / len(samples) > CASE_BUDGET_S:
             break
     worker.ask("teardown")
     return {"samples": samples, "started_at": int(started * 1000), "duration": time.time() - started}
@@ -232,20 +222,26 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def backfill(n: int = 48, branch: str = "main", bench: str | None = None, results: Path = RESULTS,
-             first: str | None = None, shard: tuple[int, int] = (0, 1)) -> int:
+             first: str | None = None, shard: tuple[int, int] = (0, 1), only: list[str] | None = None) -> int:
+    """Measure the cases at ``n`` commits spread over ``branch`` from ``first`` (or exactly at the commits
+    ``only`` names), writing one asv result file per commit under ``results``/<machine>/."""
     machine = {k: v for k, v in provenance.asv_machine().items()}
     folder = results / machine["machine"]
     folder.mkdir(parents=True, exist_ok=True)
     outputs.write_text(folder / "machine.json", json.dumps({**machine, "version": 1}, indent=4) + "\n")
-    benchmarks = discover(results)
+    benchmarks = asvrun.suite()
     suite = Path(tempfile.mkdtemp(prefix="harness-suite-"))  # the suite as it is now, for every commit
     shutil.copytree(ROOT / "benchmarks", suite / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(compare.WORKER, suite / "benchworker.py")
     head_python, head_src = compare.prepare("HEAD")
     with compare.Worker(head_python, head_src, suite / "benchmarks", script=suite / "benchworker.py") as w:
         cases = w.cases(bench or asvrun.regex(asvrun.QUICK))
-    start = first or since(sorted({name for name, _ in cases}), branch)
-    commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", f"{start}^..{branch}").split(), n)
+    if only:
+        commits = [compare.git(ROOT, "rev-parse", f"{c}^{{commit}}") for c in only]
+    else:
+        start = first or since(sorted({name for name, _ in cases}), branch)
+        commits = spread(compare.git(ROOT, "rev-list", "--first-parent", "--reverse", f"{start}^..{branch}").split(),
+                         n)
     done_file = compare.ENVS / f"backfill-{machine['machine']}.done"  # commits measured with this suite
     versions = {name: benchmarks[name]["version"] for name, _ in cases}
     stamp = hashlib.sha1(json.dumps([sorted(cases), versions], sort_keys=True).encode()).hexdigest()
@@ -294,13 +290,16 @@ def main() -> int:
                    "K-th (0-based): N backfills in parallel, one per core, K = 0 .. N-1")
     b.add_argument("--since", metavar="COMMIT", help="the first commit to measure (default: the first whose "
                    "benchmarks/ defines one of the cases' classes)")
+    b.add_argument("--commit", action="append", metavar="SHA", help="measure at this commit (repeatable) instead "
+                   "of commits spread over the branch: e.g. the commits a benchmark's committed history has")
     nm = sub.add_parser("normalize", help="give result files their machine's fields and interpreter version")
     nm.add_argument("results", nargs="?", type=Path, default=RESULTS)
     nm.add_argument("--python", help="the interpreter version to record where a path was (default: this one's)")
     args = parser.parse_args()
     try:
         if args.what == "backfill":
-            return backfill(args.commits, args.branch, args.bench, args.results, args.since, _backfill_args(args))
+            return backfill(args.commits, args.branch, args.bench, args.results, args.since, _backfill_args(args),
+                            args.commit)
         print(f"normalize: {normalize(args.results, args.python)} files rewritten")
     except inputs.UsageError as exc:
         parser.exit(2, f"{parser.prog} {args.what}: {exc}\n")
@@ -315,7 +314,7 @@ def _backfill_args(args: argparse.Namespace) -> tuple[int, int]:
                                 "backfills in parallel")
     if args.commits < 1:
         raise inputs.UsageError(f"--commits {args.commits}: expected a whole number >= 1")
-    for commit in (args.branch, args.since):
+    for commit in (args.branch, args.since, *(args.commit or ())):
         if commit is not None:
             compare.check_commit(commit)
     compare.check_pattern(args.bench)

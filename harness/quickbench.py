@@ -2,9 +2,9 @@
 
 The quick pass (asvrun.QUICK: the headline ratios, about 2 minutes on 2 shared cores) and the full sweep
 (every benchmark, asv --quick: docs/benchmarks.md has its duration) measure the installed code through asv
-into this machine's ignored results folder (asvrun.local_results(): results/local/asv/<machine>/), then
-publish the dashboard of those and the committed results into results/local/html.  After a run,
-`history.normalize` gives the new result files the environment identity the committed ones have (the
+into this machine's ignored results folder (harness.bench.results.local(): results/local/asv/<machine>/), then
+publish the dashboard of those and the committed results into results/local/html (harness.bench.results.html()).
+After a run, `history.normalize` gives the new result files the environment identity the committed ones have (the
 interpreter's version, not its path), so one machine's results form one series.
 
     python -m harness.quickbench quick     # what `python -m harness run` runs
@@ -19,6 +19,7 @@ import time
 
 from harness import provenance
 from harness.asvrun import FULL, GATE, QUICK, ROOT, asv, local_results, regex
+from harness.bench import results as results_paths
 from harness.engine import outputs
 
 
@@ -44,8 +45,8 @@ def run_quick(bench: str | None = None, *, full: bool = False) -> int:
     rc = asv(cmd, results=local_results())
     print(f"asv: {time.perf_counter() - started:.0f} s", flush=True)
     history.normalize(local_results())
-    html = provenance.output_root() / "html"
-    publish(html, [history.RESULTS, local_results()])
+    html = results_paths.html()
+    publish(html, [results_paths.COMMITTED, local_results()])
     print(f"dashboard: {html / 'index.html'}  (this machine's results and the committed ones; "
           f"serve: python -m http.server 8080 --bind 127.0.0.1 --directory {html})")
     return rc

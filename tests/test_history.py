@@ -59,3 +59,33 @@ def test_normalize_gives_files_their_machine_fields_and_interpreter_version(tmp_
     assert {k: data["params"][k] for k in machine} == machine
     assert path.name == f"abababab-{data['env_name']}.json" and "/" not in data["env_name"]
     assert history.normalize(tmp_path, python="3.11") == 0  # idempotent
+
+
+def line(values, machine="vm"):
+    """A committed series as harness.bench.steps reads it: one point per commit, in date order."""
+    from harness.bench.results import Point
+
+    return {("b.C.track", machine, "env", ("cpu",)): [
+        Point("b.C.track", machine, ("cpu",), f"c{i:02d}", "env", i, v, None, None, 1, "v", True)
+        for i, v in enumerate(values)]}
+
+
+def test_steps_finds_a_level_that_moves_and_only_there():
+    from harness.bench.steps import candidates
+
+    noise = [1.00, 1.03, 0.98, 1.02, 0.99, 1.01, 0.97]
+    (step,) = candidates(line(noise + [1.3 * v for v in noise]))
+    assert (step.before, step.after) == ("c06", "c07") and 1.25 < step.step < 1.35 and step.p_value < 0.01
+    assert candidates(line(noise * 2)) == []  # noise alone moves no level
+    assert candidates(line(noise + [1.05 * v for v in noise])) == []  # a move under MIN_STEP is not a candidate
+
+
+def test_steps_compares_the_exact_case():
+    import re
+
+    from harness.bench.steps import case_regex
+
+    name = "bench_kvcache.CachedVsRecompute.track_recompute_over_cached"
+    pattern = case_regex(name, ("concat", "cpu", 512, 256))
+    assert re.search(pattern, f"{name}('concat', 'cpu', 512, 256)")
+    assert not re.search(pattern, f"{name}('concat', 'cpu', 51, 256)") and not re.search(pattern, f"x{name}")

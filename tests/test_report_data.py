@@ -26,13 +26,9 @@ def results(tmp_path, monkeypatch):
     committed, local = tmp_path / "results", tmp_path / "local"
     monkeypatch.setattr(asvdata, "RESULTS", committed)
     monkeypatch.setattr(asvdata, "roots", lambda: [local, committed])
-    asvdata._files.cache_clear()
-    asvdata.current_versions.cache_clear()
+    monkeypatch.setattr(asvdata, "current_versions", lambda: {BENCH: "v2"})  # the suite as asv would discover it
     committed.mkdir()
-    (committed / "benchmarks.json").write_text(json.dumps({BENCH: {"version": "v2"}, "version": 2}))
-    yield committed, local
-    asvdata._files.cache_clear()
-    asvdata.current_versions.cache_clear()
+    return committed, local
 
 
 def test_each_case_from_its_newest_run_at_the_current_version(results):
@@ -67,3 +63,32 @@ def test_no_run_at_the_current_version_says_so(results):
     run_file(committed / "vm" / "stale.json", 1, "v1", [9.0, 9.0, 9.0, 9.0])
     with pytest.raises(NotImplementedError, match=BENCH):
         asvdata.values(BENCH, "vm")
+
+
+def test_forward_ratios_pair_each_case_with_sdpa_of_the_same_run():
+    from harness.report.sections import forward_ratios
+
+    times = asvdata.Values()
+    for (impl, shape), (t, commit) in {("sdpa", "1x8x512x64"): (1.0, "a"), ("fa2", "1x8x512x64"): (3.0, "a"),
+                                       ("sdpa", "1x8x128x64"): (1.0, "a"), ("fa2", "1x8x128x64"): (2.0, "b")}.items():
+        key = (impl, "cpu", shape, True)
+        times[key], times.sources[key] = t, asvdata.Source("vm", commit, True)
+    assert forward_ratios(times) == {"fa2": {512: 3.0}}  # at N=128 the two come from different runs: no ratio
+
+
+def test_a_figure_with_more_series_than_a_panel_holds_is_faceted(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from harness.report.document import MAX_SERIES, Report
+    from harness.report.sections import _groups, ratio_figure
+
+    names = [f"fa2_v{i}" for i in range(MAX_SERIES + 2)]
+    panels = _groups(names, "tiled")
+    assert [len(n) for _, n in panels] == [MAX_SERIES, 2]
+    report = Report(tmp_path, here="vm at abc, 2026-01-01")
+    report.figure(ratio_figure({n: {512: 1.0 + i, 2048: 2.0 + i} for i, n in enumerate(names)}, panels), "f", "c",
+                  "vm at abc, 2026-01-01")
+    assert (tmp_path / "f.png").is_file()
+    with pytest.raises(ValueError, match="series in one panel"):
+        report.figure(ratio_figure({n: {512: 1.0} for n in names}, [("all", names)]), "g", "c", "vm")

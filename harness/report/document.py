@@ -54,7 +54,7 @@ class Report:
         self.lines += [f"![{caption}]({name}.png)", ""]
 
 
-MAX_SERIES = 8
+MAX_SERIES = 6  # lines a reader can tell apart in one panel (the dashboard's limit too)
 SECTIONS: list[tuple[str, Callable[[Report], None]]] = []
 # Sections that run a sweep of their own (minutes on 2 cores), by title: what `python -m harness run` leaves to
 # `python -m harness report`, so the main job's report holds what it measured and the quick benchmark pass.

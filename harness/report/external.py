@@ -1,12 +1,10 @@
 """The report's section on third-party implementations: each adapted library's version, its verdict per
 property, the upstream bugs recorded next to its adapters (with their reproductions), and its speed next to
-ours, measured here on the same inputs.  Registers with `harness.report.document.section`."""
+ours as asv measured it on the same inputs.  Registers with `harness.report.document.section`."""
 
 from __future__ import annotations
 
 import importlib.metadata
-
-import torch
 
 from harness.report.document import Report, section
 
@@ -61,9 +59,11 @@ def third_party(r: Report) -> None:
         r.text(f"**{known.library} {known.version}**, {t} / `{name}` / `{prop}`: {known.what}.\n\n"
                f"```python\n{known.reproduce.rstrip()}\n```")
     r.heading("Speed next to ours", level=3)
-    r.table(["technique", "case", "implementation", "median ms"], speed_rows(),
-            caption="Median wall time of one call on this machine (torch.utils.benchmark, 0.2 s per case), ours and "
-                    "the libraries' on the same inputs; an adapter that cannot run here is left out.")
+    rows, where = speed_rows()
+    r.table(["technique", "case", "implementation", "ms"], rows, source=where,
+            caption="asv's time of one call, ours and the libraries' on the same inputs (AttentionForward, "
+                    "LinearTime: the registered implementations are the benchmarks' grid); an adapter that cannot "
+                    "run here has no value.")
 
 
 def adapter_verdicts(technique: str, names: list[str]) -> list[dict]:
@@ -84,47 +84,30 @@ def declared(impl) -> str:
     return ", ".join([f"dtypes {'/'.join(impl.dtypes)}", *(f"{k}={v}" for k, v in caps.items())])
 
 
-def speed_rows() -> list[list]:
-    """(technique, case, implementation, ms) for ours and the adapters on one case per technique."""
-    import torch.utils.benchmark as tb
+SPEED = [  # (technique, asv benchmark, the case's parameters with "*" for the implementation, what it is, ours)
+    ("attention", "bench_attention.AttentionForward.time_forward", ("*", "cpu", "1x8x512x64", True),
+     "(1, 8, 512, 64) float32, causal", ("sdpa", "fa2_lazy_rescale_128x256")),
+    ("quantized_linear", "bench_quantization.LinearTime.time_matmul", ("*", "cpu", 1024),
+     "1024 tokens through a linear layer", ("float", "w8a8_token", "weight_only_channel")),
+]
 
+
+def speed_rows() -> tuple[list[list], str]:
+    """(technique, case, implementation, ms) rows of ours and the adapters, read from asv's results, and the
+    machines and commits they came from."""
     from harness.registry import impls
+    from harness.report.asvdata import values
 
-    g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(1024, 1024, generator=g), torch.randn(256, 1024, generator=g)
-    q, k, v = (torch.randn(1, 8, 512, 64, generator=g) for _ in range(3))
-    cases = [("quantization", "w (1024, 1024), 8 bits, groups of 32", "quantize",
-              lambda i: lambda: i.fn(w, bits=8, granularity="group", group_size=32), ("absmax", "torch_fake_quant")),
-             ("quantized_linear", "x (256, 1024) @ w (1024, 1024).T, 8 bits", "linear",
-              lambda i: lambda: i.fn(x.to(dtype_for(i)), w.to(dtype_for(i)), bits=8),
-              ("w8a8_token", "weight_only_channel")),
-             ("attention", "(1, 8, 512, 64) float32, causal", "attention",
-              lambda i: lambda: i.fn(q, k, v, causal=True), ("sdpa", "fa2_lazy_rescale_128x256"))]
-    rows = []
-    for technique, case, _, call, ours in cases:
-        for impl in impls(technique):
-            if impl.name not in ours and not (impl.source.startswith(SOURCE) and runnable(impl, technique)):
-                continue
-            try:
-                fn = call(impl)
-                fn()  # the first call imports the library
-                ms = tb.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.2).median * 1e3
-            except (ValueError, NotImplementedError):  # a format it does not serve
-                continue
-            rows.append([technique, case, impl.name, ms])
-    return rows
-
-
-def dtype_for(impl) -> torch.dtype:
-    return torch.float32 if "float32" in impl.dtypes else getattr(torch, impl.dtypes[0])
-
-
-def runnable(impl, technique: str) -> bool:
-    from harness.devices import unavailable_reason
-
-    if unavailable_reason(impl):
-        return False
-    if technique == "quantization":
-        return "float32" in impl.dtypes and 8 in impl.caps.bits and "group" in impl.caps.granularities and (
-            impl.caps.group_sizes is None or 32 in impl.caps.group_sizes)
-    return technique != "attention" or "float32" in impl.dtypes
+    rows, sources = [], set()
+    for technique, benchmark, case, what, ours in SPEED:
+        try:
+            times = values(benchmark)
+        except NotImplementedError:
+            continue
+        adapters = tuple(i.name for i in impls(technique) if i.source.startswith(SOURCE))
+        for name in (*ours, *adapters):
+            key = tuple(name if c == "*" else c for c in case)
+            if key in times:
+                rows.append([technique, what, name, times[key] * 1e3])
+                sources.add(str(times.sources[key]))
+    return rows, "; ".join(sorted(sources)) or "nowhere (no asv result here yet)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import torch
 
@@ -80,35 +79,6 @@ def _family(name: str) -> str:
     return re.sub(r"_\d+(x\d+)?$", "", name)
 
 
-def _seconds(fn, *args, min_s: float = 0.02, **kwargs) -> float:
-    """Mean seconds per call over as many calls as take min_s (one at least)."""
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn(*args, **kwargs)
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_s:
-            return elapsed / calls
-
-
-def _quartiles(xs: list[float]) -> tuple[float, float, float]:
-    import numpy as np
-
-    q25, q50, q75 = np.percentile(xs, [25, 50, 75])
-    return float(q25), float(q50), float(q75)
-
-
-def ratio_rounds(fns: dict[str, object], baseline, inputs, rounds: int) -> dict[str, list[float]]:
-    """{name: [time / baseline's time, one per round]}: each round times the baseline right before each
-    candidate, so load that comes and goes on a shared machine falls on both sides of each ratio."""
-    out = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            base = _seconds(baseline, *inputs, causal=True)
-            out[name].append(_seconds(fn, *inputs, causal=True) / base)
-    return out
-
-
 STYLE_MARKERS = "osD^vP*X"
 
 
@@ -133,78 +103,76 @@ def _plain_log_ticks(ax, axis: str = "y") -> None:
     target.set_minor_formatter(FuncFormatter(lambda x, _: ""))
 
 
-def ratio_figure(ratios: dict[str, dict[int, list[float]]], tiled: list[str], others: list[str], Ns: list[int],
-                 rounds: int):
-    """Two panels of time / SDPA's vs N (tiled families; the others): median and IQR bars per series."""
+def forward_ratios(times, device: str = "cpu") -> dict[str, dict[int, float]]:
+    """{implementation: {N: causal forward time / SDPA's}} from asv's AttentionForward.time_forward, each ratio
+    of two cases measured in the same run (the same commit's result file) only."""
+    ratios: dict[str, dict[int, float]] = {}
+    for (impl, dev, shape, causal), t in times.items():
+        sdpa = ("sdpa", dev, shape, causal)
+        if dev != device or not causal or impl == "sdpa" or sdpa not in times:
+            continue
+        if times.sources[sdpa].commit == times.sources[impl, dev, shape, causal].commit:
+            ratios.setdefault(impl, {})[int(shape.split("x")[2])] = t / times[sdpa]
+    return ratios
+
+
+def ratio_figure(ratios: dict[str, dict[int, float]], panels: list[tuple[str, list[str]]]):
+    """One panel per group of at most MAX_SERIES implementations: time / SDPA's vs N."""
     import matplotlib.pyplot as plt
 
-    styles = _styles(tiled + others)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.4), sharex=True)
-    for ax, names, title in ((axes[0], tiled, "tiled kernels (FlashAttention-1/2 families)"),
-                             (axes[1], others, "the others")):
-        for j, name in enumerate(names):
-            q25, q50, q75 = zip(*(_quartiles(ratios[name][N]) for N in Ns), strict=True)
-            dodge = 2 ** (0.03 * (j - (len(names) - 1) / 2))  # side by side at each N: no bar hides another
-            ax.errorbar([N * dodge for N in Ns], q50, yerr=[[m - lo for m, lo in zip(q50, q25, strict=True)],
-                                       [hi - m for m, hi in zip(q50, q75, strict=True)]],
-                        label=f"{name} (best {_family(name)})" if _family(name) != name else name, capsize=3,
-                        lw=1.2, ms=5, **styles[name])
-        ax.axhline(1.0, color="black", lw=0.8, ls="--", label="SDPA (= 1)")
+    styles = _styles([name for _, names in panels for name in names])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5.4), sharey=True, squeeze=False)
+    for ax, (title, names) in zip(axes[0], panels, strict=True):
+        for name in names:
+            Ns = sorted(ratios[name])
+            ax.plot(Ns, [ratios[name][N] for N in Ns], "-", label=name, lw=1.2, ms=5, **styles[name])
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         _plain_log_ticks(ax)
+        Ns = sorted({N for name in names for N in ratios[name]})
         ax.set_xticks(Ns, [str(N) for N in Ns])
         ax.set_xlabel("sequence length N")
-        ax.set_ylabel("forward time / SDPA's time")
+        ax.set_ylabel("forward time / SDPA's time (dashed: SDPA)")
         ax.set_title(title, fontsize=10)
         _legend_below(ax)
-    fig.suptitle("Attention forward against SDPA: B=1, H=8, d=64, causal, float32, 1 CPU thread; "
-                 f"median and interquartile range of {rounds} rounds", fontsize=10)
+    fig.suptitle("Attention forward against SDPA (asv AttentionForward.time_forward): B=1, H=8, d=64, causal, "
+                 "float32, CPU", fontsize=10)
     return fig
 
 
-@section("Attention: forward time vs N", sweep="every implementation timed at 4 lengths: ~3 min on 2 cores")
-def attention_time(r: Report) -> None:
-    from harness.progress import progress
-    from harness.registry import get, impls
+def _groups(names: list[str], title: str) -> list[tuple[str, list[str]]]:
+    from harness.report.document import MAX_SERIES
 
-    candidates = {i.name: i.fn for i in impls("attention") if i.name not in ("reference", "sdpa")
-                  and "cpu" in i.devices and "float32" in i.dtypes and not i.unavailable
-                  and not i.source.startswith("impls.external")}  # third-party speed: harness/report/external.py
-    sdpa = get("attention", "sdpa").fn
-    Ns, rounds, pick_at = [256, 512, 1024, 2048], 5, 1024
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one core per kernel: two threads on a shared 2-core machine time the neighbours
-    try:
-        g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(1, 8, pick_at, 64, generator=g) for _ in range(3))
-        first = {name: _seconds(fn, q, k, v, causal=True, min_s=0.0) for name, fn in candidates.items()}
-        best = {}  # family -> its fastest variant at N = pick_at
-        for name in sorted(first, key=first.get):
-            best.setdefault(_family(name), name)
-        ratios: dict[str, dict[int, list[float]]] = {name: {} for name in best.values()}
-        sdpa_ms = {}
-        for N in progress(Ns, desc="attention / SDPA", unit="N"):
-            q, k, v = (torch.randn(1, 8, N, 64, generator=g) for _ in range(3))
-            for name, rs in ratio_rounds({n: candidates[n] for n in ratios}, sdpa, (q, k, v), rounds).items():
-                ratios[name][N] = rs
-            sdpa_ms[N] = _seconds(sdpa, q, k, v, causal=True, min_s=0.2) * 1e3
-    finally:
-        torch.set_num_threads(threads)
-    tiled = [n for n in ratios if n.startswith(("fa1", "fa2"))]
-    others = [n for n in ratios if n not in tiled]
-    fig = ratio_figure(ratios, tiled, others, Ns, rounds)
-    r.figure(fig, "attention_time", f"Forward time over SDPA's vs sequence length: the fastest variant (at "
-                                    f"N={pick_at}) of each kernel family, with naive, eager flex and split-K; "
-                                    f"median and interquartile range of {rounds} rounds in which SDPA is timed "
-                                    "right before each kernel (a ratio below 1 beats SDPA).", r.here)
-    r.table(["implementation", *(f"N={N}" for N in Ns)],
-            [[name, *(f"{_quartiles(ratios[name][N])[1]:.3g} [{_quartiles(ratios[name][N])[0]:.3g}-"
-                      f"{_quartiles(ratios[name][N])[2]:.3g}]" for N in Ns)] for name in tiled + others]
-            + [["SDPA itself (ms)", *(f"{sdpa_ms[N]:.3g}" for N in Ns)]],
-            caption="The figure's numbers: time / SDPA's time, median [interquartile range] over the rounds.")
+    chunks = [names[i:i + MAX_SERIES] for i in range(0, len(names), MAX_SERIES)]
+    return [(f"{title} ({k + 1}/{len(chunks)})" if len(chunks) > 1 else title, chunk) for k, chunk in enumerate(chunks)]
+
+
+@section("Attention: forward time vs N")
+def attention_time(r: Report) -> None:
     from harness.report.asvdata import values
 
+    times = values("bench_attention.AttentionForward.time_forward")
+    ratios = forward_ratios(times)
+    if not ratios:
+        raise NotImplementedError("no CPU AttentionForward run with SDPA and another implementation in one run")
+    at = max(N for rs in ratios.values() for N in rs)
+    best: dict[str, str] = {}  # family -> its fastest variant at the largest N measured
+    for name in sorted((n for n in ratios if at in ratios[n]), key=lambda n: ratios[n][at]):
+        best.setdefault(_family(name), name)
+    shown = sorted(best.values(), key=lambda n: ratios[n][at])
+    tiled = [n for n in shown if n.startswith(("fa1", "fa2"))]
+    others = [n for n in shown if n not in tiled]
+    fig = ratio_figure(ratios, _groups(tiled, "tiled kernels (FlashAttention-1/2 families)")
+                       + _groups(others, "the others"))
+    keys = [k for k in times if k[0] in shown or k[0] == "sdpa"]
+    r.figure(fig, "attention_time", f"Forward time over SDPA's vs sequence length: the fastest variant (at N={at}) "
+                                    "of each kernel family; each ratio is of two cases of one asv run (a ratio below "
+                                    "1 beats SDPA).", times.where(keys))
+    Ns = sorted({N for name in shown for N in ratios[name]})
+    r.table(["implementation", *(f"N={N}" for N in Ns)],
+            [[name, *(ratios[name].get(N, "n/a") for N in Ns)] for name in shown],
+            caption="The figure's numbers: causal forward time / SDPA's.", source=times.where(keys))
     try:
         ratios_asv = values("bench_attention.SdpaRatio.track_best_tiled_over_sdpa")
     except NotImplementedError as exc:
