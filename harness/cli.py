@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                     "summary.json and report.md under DIR; exit 1 if a technique kills under 95%% of them")
     mu.add_argument("--sample", type=int, default=40, metavar="N", help="--machine-made: mutants per folder")
     mu.add_argument("--seed", type=int, default=0, help="--machine-made: the sample's seed")
+    mu.add_argument("--plan", metavar="FILE", help="--machine-made: judge the mutants of an earlier run's plan.json "
+                    "(the same mutants again, after a fix)")
     _common(mu)
     mu.set_defaults(func=cmd_mutants)
 
@@ -185,7 +187,8 @@ def cmd_mutants(args) -> int:
         from harness.engine import mutation
 
         return mutation.run(Path(args.machine_made), techniques=[args.technique] if args.technique else None,
-                            per_stratum=args.sample, seed=args.seed, profile=args.profile, jobs=args.jobs)
+                            per_stratum=args.sample, seed=args.seed, profile=args.profile, jobs=args.jobs,
+                            plan=Path(args.plan) if args.plan else None)
     return mutants([args.technique] if args.technique else sorted(load_techniques()), profile=args.profile,
                    jobs=args.jobs, json_path=args.json, score=args.score, all_properties=args.all_properties)
 

@@ -119,16 +119,17 @@ def mutations_of(subject: Subject) -> list[tuple[str, int, int]]:
 
 def sample(all_subjects: list[Subject], per_stratum: int, seed: int) -> list[Mutation]:
     """A seeded uniform sample of ``per_stratum`` mutations from each stratum's population (all of them where it
-    holds fewer), each with the implementation it is judged on, drawn among its file's."""
-    strata: dict[str, list[tuple[Subject, str, int]]] = {}
+    holds fewer), each with the implementation it is judged on, drawn among its file's.  The first ``per_stratum``
+    of a seeded shuffle: a larger sample of the same seed holds the smaller one (a run can be extended)."""
+    strata: dict[str, list[Mutation]] = {}
     for s in all_subjects:
-        strata.setdefault(s.stratum, []).extend((s, op, k) for op, k, _ in mutations_of(s))
+        for op, k, _ in mutations_of(s):
+            judged = random.Random(f"{seed}/{s.path}:{op}:{k}").choice(s.provides)
+            strata.setdefault(s.stratum, []).append(Mutation(s, op, k, judged))
     chosen = []
     for stratum, population in sorted(strata.items()):
-        rng = random.Random(f"{seed}/{stratum}")
-        for s, op, k in sorted(rng.sample(population, min(per_stratum, len(population))),
-                               key=lambda m: (m[0].path, m[1], m[2])):
-            chosen.append(Mutation(s, op, k, rng.choice(s.provides)))
+        random.Random(f"{seed}/{stratum}").shuffle(population)
+        chosen += sorted(population[:per_stratum], key=lambda m: (m.subject.path, m.operator, m.occurrence))
     return chosen
 
 
@@ -225,7 +226,9 @@ def registered_by(mutated: str, original: str, technique: str, name: str):
         digest = hashlib.sha1(mutated.encode()).hexdigest()[:12]
         spec = importlib.util.spec_from_file_location(f"harness_mutant_{digest}", ROOT / original)
         module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-        exec(compile(Path(mutated).read_text(), str(ROOT / original), "exec"), module.__dict__)  # noqa: S102
+        # dont_inherit: this module's `from __future__ import annotations` must not reach the mutated code, whose
+        # annotations run where they are defined, as on import
+        exec(compile(Path(mutated).read_text(), str(ROOT / original), "exec", dont_inherit=True), module.__dict__)
         made = registry.REGISTRY
     finally:
         registry.REGISTRY = real
@@ -280,7 +283,7 @@ def judge(mutations: Sequence[Mutation], out: Path, *, profile: str = "ci", exec
 
 def compiles(text: str) -> bool:
     try:
-        compile(text, "<mutant>", "exec")
+        compile(text, "<mutant>", "exec", dont_inherit=True)
     except SyntaxError:
         return False
     return True
@@ -436,19 +439,34 @@ TRIAGE = ROOT / "docs" / "mutation-triage.toml"
 GOAL = 0.95  # of the non-equivalent mutants of each technique, killed in the ci profile
 
 
+def planned(path: Path, all_subjects: list[Subject]) -> list[Mutation]:
+    """The mutations of an earlier run's plan.json (to judge the same mutants again after a fix)."""
+    by_path = {s.path: s for s in all_subjects}
+    chosen = []
+    for key in json.loads(path.read_text())["mutations"]:
+        mutation, name = key.rsplit("@", 1)
+        file, op, k = mutation.rsplit(":", 2)
+        if file in by_path:
+            s = by_path[file]
+            chosen.append(Mutation(s, op, int(k), next(p for p in s.provides if p[1] == name)))
+    return chosen
+
+
 def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40, seed: int = 0, profile: str = "ci",
-        jobs: int = 1, executor: Executor | None = None, log: Callable[[str], None] = print) -> int:
-    """Sample, judge (resuming what ``out`` holds), judge the survivors on their files' other implementations, and
-    write summary.json and report.md; 0 when every technique reaches GOAL."""
+        jobs: int = 1, plan: Path | None = None, executor: Executor | None = None,
+        log: Callable[[str], None] = print) -> int:
+    """Sample (or take an earlier run's ``plan``), judge (resuming what ``out`` holds), judge the survivors on their
+    files' other implementations, and write summary.json and report.md; 0 when every technique reaches GOAL."""
     from harness import provenance
 
     all_subjects = subjects(techniques)
-    plan = sample(all_subjects, per_stratum, seed)
+    chosen = planned(plan, all_subjects) if plan else sample(all_subjects, per_stratum, seed)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps({"seed": seed, "per_stratum": per_stratum, "profile": profile,
-                                               "mutations": [m.id + "@" + m.judged[1] for m in plan]}, indent=1))
+                                               "from": str(plan or ""),
+                                               "mutations": [m.id + "@" + m.judged[1] for m in chosen]}, indent=1))
     started, before = time.perf_counter(), len(read_results(out / "results.jsonl"))
-    records = judge(plan, out, profile=profile, executor=executor, jobs=jobs, log=log)
+    records = judge(chosen, out, profile=profile, executor=executor, jobs=jobs, log=log)
     records = judge(everywhere(records, all_subjects), out, profile=profile, executor=executor, jobs=jobs, log=log)
     if (units := len(records) - before) > 0:
         _append(out / "runs.jsonl", {"seconds": round(time.perf_counter() - started, 1), "units": units,
@@ -456,7 +474,8 @@ def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40
     summary = summarize(records, triage(TRIAGE))
     runs = read_results(out / "runs.jsonl")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    text = report(summary, title=f"Machine-made mutants: {per_stratum} per folder, seed {seed}, profile {profile}",
+    title = f"the mutants of {plan}" if plan else f"{per_stratum} per folder, seed {seed}"
+    text = report(summary, title=f"Machine-made mutants: {title}, profile {profile}",
                   seconds=sum(r["seconds"] for r in runs), units=sum(r["units"] for r in runs))
     (out / "report.md").write_text(text)
     log(text)
