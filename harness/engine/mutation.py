@@ -392,15 +392,14 @@ def _scores(mutants: Iterable[dict], key: Callable[[dict], str]) -> dict[str, di
 
 
 def kill_quality(mutants: Iterable[dict]) -> dict[str, list[dict]]:
-    """Killed mutants whose kill says little: only by a bad-input property, only by crashing or hanging, or by one
-    property alone (the goal is two independent properties per semantic mutant)."""
+    """Killed mutants whose kill says little: only by a bad-input property, on valid inputs only by crashing or
+    hanging, or by one property on valid inputs (the goal is two independent properties per semantic mutant)."""
     weak: dict[str, list[dict]] = {"bad input only": [], "crash or hang only": [], "one property": []}
     for m in mutants:
-        computed = [p for p, how in m["killers"].items() if how == "computed"]
-        semantic = [p for p in computed if BAD_INPUT not in p]
-        if m["killers"] and not semantic and computed:
+        semantic = [p for p in m["killers"] if BAD_INPUT not in p]
+        if m["killers"] and not semantic:
             weak["bad input only"].append(m)
-        elif m["killers"] and not computed:
+        elif semantic and all(m["killers"][p] == "broke" for p in semantic):
             weak["crash or hang only"].append(m)
         elif len(semantic) == 1:
             weak["one property"].append(m)
