@@ -98,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
                     "mutant's declared killers under the thorough profile, and print per technique: mutants killed by "
                     "ci / by thorough, the properties that killed each, the median margin (error / bound of the "
                     "killing case)")
+    mu.add_argument("--machine-made", metavar="DIR", help="instead: cosmic-ray's mutants of impls/ and the example "
+                    "plugins, a seeded sample per folder, each judged by its technique's check; results (resumable), "
+                    "summary.json and report.md under DIR; exit 1 if a technique kills under 95%% of them")
+    mu.add_argument("--sample", type=int, default=40, metavar="N", help="--machine-made: mutants per folder")
+    mu.add_argument("--seed", type=int, default=0, help="--machine-made: the sample's seed")
+    mu.add_argument("--plan", metavar="FILE", help="--machine-made: judge the mutants of an earlier run's plan.json "
+                    "(the same mutants again, after a fix)")
     _common(mu)
     mu.set_defaults(func=cmd_mutants)
 
@@ -313,6 +320,12 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
 
 
 def cmd_mutants(args) -> int:
+    if args.machine_made:
+        from harness.engine import mutation
+
+        return mutation.run(Path(args.machine_made), techniques=[args.technique] if args.technique else None,
+                            per_stratum=args.sample, seed=args.seed, profile=args.profile, jobs=args.jobs,
+                            plan=Path(args.plan) if args.plan else None)
     return mutants([args.technique] if args.technique else sorted(load_techniques()), profile=args.profile,
                    jobs=args.jobs, json_path=args.json, score=args.score, all_properties=args.all_properties)
 

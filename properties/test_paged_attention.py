@@ -2,9 +2,10 @@
 
 Every case stores each sequence's K/V in a pool whose physical blocks are shuffled and whose unused slots --
 the tail of each last block, spare blocks, what padding table entries point at -- are NaN (sequences may
-share leading blocks, tables may be full, and half the cases pass q, the caches and the tables as views into
-larger tensors), then compares each sequence's output with the attention contract's float64 reference on its
-contiguous K/V, within the tolerance earned by the plain computation in the case's dtype.
+share leading blocks, and two may meet at a later block after different ones; tables may be full, and half the
+cases pass q, the caches and the tables as views into larger tensors), then compares each sequence's output with
+the attention contract's float64 reference on its contiguous K/V, within the tolerance earned by the plain
+computation in the case's dtype.
 """
 
 import torch

@@ -91,7 +91,7 @@ def scale_allowance(impl, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tens
 
 def quantize_case(impl, case: QuantCase, w=None, granularity=None, group_size=None):
     w = case.tensor() if w is None else w
-    gran = granularity or case.granularity
+    gran = "".join(granularity or case.granularity)  # a new str, as a parsed config holds: not the interned literal
     return call(impl, w, bits=case.bits, granularity=gran, group_size=group_size if granularity else case.group_size)
 
 

@@ -24,7 +24,13 @@ from harness.runner import applies
 from harness.speedup import acceptance_rate, best_gamma, speedup, tokens_per_call
 from harness.statistical import ALPHA, DELTA, POWER, goodness_of_fit, sample_size
 from harness.strategies.common import generator
-from harness.strategies.speculative import SpeculativeCase, context_free_pairs, probability_table, speculative_cases
+from harness.strategies.speculative import (
+    SpeculativeCase,
+    context_free_pairs,
+    past_small_ints,
+    probability_table,
+    speculative_cases,
+)
 from harness.tolerance import FLOAT64_IDENTITY
 
 TECHNIQUE = "speculative"
@@ -259,6 +265,11 @@ def test_draft_equal_to_target_accepts_everything(impl, data):
     out = call(impl, target, target, list(case.prompt), gamma=case.gamma, max_new_tokens=3 * (case.gamma + 1),
                rng=TorchRng(case.seed))
     assert all(r.accepted == r.drafted and r.target_calls == 1 for r in out.rounds), f"{impl.name}: {out.rounds}"
+    high = past_small_ints(case.seed)  # token ids past 256, as a real vocabulary's: too many to enumerate
+    out = call(impl, high, high, [high.vocab_size - 1], gamma=case.gamma, max_new_tokens=3 * (case.gamma + 1),
+               rng=TorchRng(case.seed))
+    assert all(r.accepted == r.drafted and r.target_calls == 1 for r in out.rounds), (
+        f"{impl.name}: with draft = target over token ids past 256 ({out.tokens}), rounds {out.rounds}")
 
 
 def tiny_models(draft: str = "draft_good"):

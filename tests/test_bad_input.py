@@ -438,11 +438,14 @@ def test_check_killed_at_random_moments_never_leaves_a_partial_json(tmp_path):
         return forker.stdout.readline()
 
     try:
-        started = time.monotonic()
-        say("go")
-        assert say("reap") == "done\n"
-        duration = time.monotonic() - started
-        assert json.loads(path.read_text())["verdicts"][0]["status"] == "pass"
+        durations = []
+        for _ in range(2):  # the first run is slower (cold caches): the kills are drawn over a warm run's length
+            started = time.monotonic()
+            say("go")
+            assert say("reap") == "done\n"
+            durations.append(time.monotonic() - started)
+            assert json.loads(path.read_text())["verdicts"][0]["status"] == "pass"
+        duration = min(durations)
         rng, outcomes = random.Random(0), []
         for sig in [signal.SIGKILL, signal.SIGTERM] * 3:
             path.write_text(json.dumps(previous))

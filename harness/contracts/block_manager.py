@@ -25,8 +25,13 @@ i*block_size .. (i+1)*block_size - 1) to a physical block of a GPU pool of ``num
     ref_count(block) -> int           number of block-table entries of GPU-resident sequences pointing at it
     num_free_blocks() -> int; num_free_cpu_blocks() -> int
 
-Prefix caching: a *full* block is identified by a hash of its tokens chained with the hash of the
-block before it, so equal hashes mean equal whole prefixes.  The cache holds no reference: a cached
+Prefix caching: a *full* block is identified by a key that covers its whole prefix -- every token before it and
+its own --, such as a hash of its tokens chained with the key of the block before it, so that equal keys mean equal
+whole prefixes.  A key over the previous block's tokens (or any window) is not enough: two histories that agree on a
+block and the one before it but differ earlier would share a cached block whose KV was computed under the other's
+prefix.  A block enters the cache when it fills: a prompt's full blocks at allocate, a block filled by appends at
+the append that fills it (decoded tokens are reused as prompt tokens are: a chat's next turn sends the answer back),
+unless a block of the same key is cached already.  The cache holds no reference: a cached
 block whose count drops to zero is free (it counts in num_free_blocks) but keeps its contents
 until it is evicted, least recently used first, to make room: the cached block whose count dropped to
 zero longest ago goes first (among blocks released by one call the order is open), a cache hit takes

@@ -19,7 +19,8 @@
   half of a (num_blocks, 2, Hkv, block_size, d) pool, or a slice of a larger one); the tables the first columns
   of wider persistent ones, or stored (max_blocks, B); seq_lens every other entry of a persistent buffer.  No
   layout may be inferred from the shape (d == block_size, block_size == Hkv are legal shapes of this one).
-  Sequences may share physical blocks (a common prefix stored once), and a sequence may fill its table;
+  Sequences may share physical blocks -- a common prefix stored once, or a later block that two histories
+  hold at the same depth after different blocks --, and a sequence may fill its table;
   a table may hold more than 4096 blocks.
 * block_size (k_cache's dim 2) >= 1: 0 is a ValueError naming k_cache.  Every tensor argument on q's device,
   else ValueError naming it; the output on q's device.

@@ -35,16 +35,34 @@ def token_lists(block_size: int, min_size: int = 1, max_size: int | None = None)
                     max_size=4 * block_size + 1 if max_size is None else max_size)
 
 
+def meetings(history: list[list[int]], block_size: int) -> list[list[int]]:
+    """Where two of ``history`` meet: they hold the same full block at the same depth d >= 1 after different earlier
+    tokens, and the second goes on past it; the first's tokens up to that block, then the second's after it."""
+    B, found = block_size, {}
+    for a in history:
+        for b in history:
+            for d in range(1, min(len(a), len(b) - 1) // B):
+                if a[d * B:(d + 1) * B] == b[d * B:(d + 1) * B] and a[:d * B] != b[:d * B]:
+                    found.setdefault(tuple(a[:(d + 1) * B] + b[(d + 1) * B:]), None)
+    return [list(p) for p in found]
+
+
 @st.composite
 def prompts(draw: st.DrawFn, history: list[list[int]], block_size: int) -> list[int]:
     """A prompt: fresh; a prefix of one of ``history`` (earlier prompts, live sequences' tokens after appends and
     forks) cut mostly at a block boundary, plus new tokens; one of ``history`` with one token of its first block
-    changed -- equal later blocks under another prefix; or one of ``history`` with two of its tokens swapped, in
+    changed -- equal later blocks under another prefix; one of ``history`` with two of its tokens swapped, in
     one block or across blocks -- the same tokens in another order, which an additive, XOR-chained or otherwise
-    order-blind block hash cannot tell apart."""
-    kind = draw(st.sampled_from(["fresh", "shared_prefix", "other_prefix", "permuted"] if history else ["fresh"]))
+    order-blind block hash cannot tell apart; or where two of ``history`` meet (`meetings`): its block after the
+    meeting and the one before it are the other's at the same depth, its earlier tokens are not, which a key over
+    the previous block's tokens rather than its whole prefix cannot tell apart."""
+    met = meetings(history, block_size)
+    kind = draw(st.sampled_from(["fresh", "shared_prefix", "other_prefix", "permuted"] + ["meeting"] * bool(met)
+                                if history else ["fresh"]))
     if kind == "fresh":
         return draw(token_lists(block_size))
+    if kind == "meeting":
+        return draw(st.sampled_from(met))
     base = draw(st.sampled_from(list(history)))
     if kind == "shared_prefix":
         cut = draw(st.one_of(st.sampled_from(range(0, len(base) + 1, block_size)), st.integers(0, len(base))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from hypothesis import event
 from hypothesis import strategies as st
 
 from harness.strategies.common import generator, seeds
@@ -81,7 +82,8 @@ def decode_cases(
     fill: bool = False, related: bool = False,
 ) -> DecodeCase:
     """``gqa``: at least 2 kv heads shared by groups of at least 2 query heads (where a head mapping shows;
-    a group of 3 catches a mapping that assumes a power of two).  ``fill``: half the time the longest row
+    a group of 3 catches a mapping that assumes a power of two), in one case of four as many aligned rows as query
+    heads.  ``fill``: half the time the longest row
     steps until it holds the model's 32 positions (a leftover sliding window drops the oldest).
     ``related``: half the time every row starts with row 0's tokens, one of them changed in half of those
     (a prefix cache keyed by a block's own tokens, not by everything before them, mixes them up).
@@ -94,6 +96,9 @@ def decode_cases(
     n_head = n_kv_head * draw(st.sampled_from([2, 3] if gqa else [1, 2, 3]))
     vocab, B = draw(st.integers(3, 17)), draw(st.integers(*batch))
     tokens = st.integers(0, vocab - 1)
+    if gqa and draw(st.integers(0, 3), label="as many rows as query heads") == 0:
+        B, ragged = n_head, False  # aligned rows of (B, H, T, d) also read as (H, B, T, d): a head count taken from
+        event("decode case: a batch of as many aligned rows as query heads")  # the wrong dim shows only here
     if ragged:
         lengths = [draw(st.integers(1, max_prompt)) for _ in range(B)]
     else:

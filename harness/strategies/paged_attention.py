@@ -43,6 +43,7 @@ class PagedAttentionCase:
     magnitude: float = 1.0  # multiplies q: large values give logits of 1e3-1e4
     table_slack: int = 1  # table columns past the longest sequence's blocks; 0: it fills its table
     shared_blocks: int = 0  # leading blocks every sequence shares (a common prompt prefix stored once)
+    meet: int = 0  # > 0: sequences 0 and 1 also share their block at depth shared() + meet, after different blocks
     layouts: tuple[str, ...] = ()  # memory layout of each of PAGED_ARGUMENTS (PAGED_LAYOUTS); missing: contiguous
     offset: float = 0.0  # subtracted from every logit through one extra head dim (q: -offset/scale, k: 1, v: 0)
 
@@ -50,15 +51,30 @@ class PagedAttentionCase:
         """How many leading blocks are shared: no more than the longest sequence has."""
         return min(self.shared_blocks, max(-(-n // self.block_size) for n in self.seq_lens))
 
+    def met(self) -> int | None:
+        """The depth of the block sequences 0 and 1 share after different blocks (two histories that meet), if both
+        reach it: a kernel that takes shared blocks for a leading common prefix reads it wrong."""
+        depth = self.shared() + self.meet
+        blocks = [-(-n // self.block_size) for n in self.seq_lens[:2]]
+        return depth if self.meet and len(blocks) == 2 and min(blocks) > depth else None
+
     def contiguous(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """q (B, H, Nq, d) and, per sequence, its contiguous k, v of shape (1, Hkv, seq_len, d): the first
-        shared() * block_size keys of every sequence are one common prefix (d + 1 dims with an offset)."""
+        shared() * block_size keys of every sequence are one common prefix, and where sequences 0 and 1 meet (met())
+        they hold the same keys in that block (d + 1 dims with an offset)."""
         g = generator(self.seed)
         q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64) * self.magnitude
         prefix = torch.randn(2, 1, self.Hkv, self.shared() * self.block_size, self.d, generator=g, dtype=torch.float64)
         kv = [tuple(torch.cat([p[:, :, :n], torch.randn(1, self.Hkv, max(0, n - p.shape[2]), self.d, generator=g,
                                                          dtype=torch.float64)], dim=2) for p in prefix)
               for n in self.seq_lens]  # (1, Hkv, n, d) each
+        if (depth := self.met()) is not None:
+            bs = self.block_size
+            start, ends = depth * bs, [min(n, (depth + 1) * bs) for n in self.seq_lens[:2]]
+            longer = max(range(2), key=lambda b: ends[b])
+            for b in range(2):
+                for t, shared in zip(kv[b], kv[longer], strict=True):
+                    t[:, :, start:ends[b]] = shared[:, :, start:ends[b]]  # (1, Hkv, <= bs, d): the met block
         if self.offset:  # q.k gains -offset / scale, so every logit moves by -offset; the output does not move
             scale = self.scale if self.scale is not None else (self.d + 1) ** -0.5
             q = torch.cat([q, torch.full((*q.shape[:-1], 1), -self.offset / scale, dtype=q.dtype)], dim=-1)
@@ -73,10 +89,10 @@ class PagedAttentionCase:
         The shared blocks are stored once and hold the whole prefix: a sequence that ends inside them finds
         finite keys of the others past its end."""
         q, kv = self.contiguous()
-        bs, d, shared = self.block_size, q.shape[-1], self.shared()
+        bs, d, shared, depth = self.block_size, q.shape[-1], self.shared(), self.met()
         per_seq = [-(-n // bs) for n in self.seq_lens]
         own = [max(0, blocks - shared) for blocks in per_seq]
-        num_blocks = shared + sum(own) + self.spare_blocks
+        num_blocks = shared + sum(own) + self.spare_blocks - (depth is not None)  # the met block is stored once
         g = generator(self.seed ^ 0xB10C)
         physical = torch.randperm(num_blocks, generator=g).tolist()
         k_cache = torch.full((num_blocks, self.Hkv, bs, d), float("nan"), dtype=q.dtype, device=q.device)
@@ -84,16 +100,22 @@ class PagedAttentionCase:
         max_blocks = max(per_seq) + self.table_slack  # padding entries must never be read
         tables = torch.randint(0, num_blocks, (self.B, max_blocks), generator=g)
         common, physical = physical[:shared], physical[shared:]
+        met = physical.pop() if depth is not None else None
         longest = max(range(self.B), key=lambda b: self.seq_lens[b])  # its keys fill the shared blocks
         for b, (k, v) in enumerate(kv):
-            ids = torch.tensor(common[:per_seq[b]] + physical[:own[b]])
-            del physical[:own[b]]
+            mine = own[b] - (depth is not None and b < 2)
+            ids = common[:per_seq[b]] + physical[:mine]
+            del physical[:mine]
+            if depth is not None and b < 2:
+                ids.insert(depth, met)
+            ids = torch.tensor(ids)
             tables[b, :per_seq[b]] = ids
             for cache, t in ((k_cache, k), (v_cache, v)):
                 padded = torch.full((self.Hkv, per_seq[b] * bs, d), float("nan"), dtype=q.dtype, device=q.device)
                 padded[:, :self.seq_lens[b]] = t[0]  # (Hkv, blocks * bs, d), the tail of the last block NaN
                 blocks = padded.reshape(self.Hkv, per_seq[b], bs, d).transpose(0, 1)  # (blocks, Hkv, bs, d)
-                written = slice(0 if b == longest else min(shared, per_seq[b]), per_seq[b])  # shared: once
+                written = [j for j in range(0 if b == longest else min(shared, per_seq[b]), per_seq[b])
+                           if j != depth or b >= 2 or self.seq_lens[b] >= self.seq_lens[1 - b]]  # shared: once
                 cache[ids[written].to(q.device)] = blocks[written]
         index = getattr(torch, self.index_dtype)
         tables, seq_lens = tables.to(self.device, index), torch.tensor(self.seq_lens, dtype=index, device=self.device)
@@ -139,6 +161,7 @@ PAGED_AMBIGUOUS = ("d == block_size", "block_size == Hkv", "Nq == H")
 # Built once (a strategy built at every draw is validated again at every draw).
 PAST_GRID_LENGTHS = st.one_of(st.sampled_from(GRID_EDGES[2:]), st.integers(4097, 5000))
 SHARED_BLOCKS = st.one_of(st.just(0), st.integers(1, 3))
+MEET = st.one_of(st.just(0), st.integers(1, 3))  # the depth, past the shared prefix, at which two histories meet
 
 
 @functools.cache
@@ -187,7 +210,7 @@ def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",
     dtype = draw(st.sampled_from(dtypes))
     layouts = {name: draw(st.sampled_from(PAGED_LAYOUTS[name]), label=f"layout of {name}") for name in PAGED_ARGUMENTS}
     layout_events(layouts)
-    return PagedAttentionCase(
+    case = PagedAttentionCase(
         B=B, H=H, Hkv=Hkv, Nq=Nq, seq_lens=seq_lens, d=d, block_size=block_size,
         spare_blocks=draw(st.integers(0, 3)), causal=draw(st.booleans()),
         scale=draw(scales if offset is None else half_safe_scales if dtype == "float16" else nonzero_scales),
@@ -195,7 +218,11 @@ def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",
         index_dtype=draw(st.sampled_from(["int64", "int32"])), magnitude=extreme(draw, magnitude, dtype, "large"),
         table_slack=draw(st.integers(0, 2)), shared_blocks=draw(SHARED_BLOCKS),
         layouts=tuple(layouts[name] for name in PAGED_ARGUMENTS), offset=extreme(draw, offset, dtype, "far"),
+        meet=draw(MEET, label="histories meet"),
     )
+    if case.met() is not None:
+        event("sharing: two sequences share a block past their common prefix, after different blocks")
+    return case
 
 
 @st.composite

@@ -22,6 +22,19 @@ def probability_table(V: int, order: int, zeros: float, g: torch.Generator) -> t
     return t / t.sum(-1, keepdim=True)
 
 
+SMALL_INTS = 257  # CPython keeps one object for each int in -5..256: below this `is` agrees with `==` by chance
+
+
+def past_small_ints(seed: int, V: int = 320):
+    """A context-free model whose every probable token has an id past 256, as most ids of a real vocabulary (32k or
+    more) do: two equal ids there are two int objects, so a token compared with `is` instead of `==` differs."""
+    from harness.lm import TableLM
+
+    t = probability_table(V, 0, 0.0, generator(seed))  # (V,)
+    t[:SMALL_INTS] = 0.0
+    return TableLM(t / t.sum())
+
+
 @dataclass(frozen=True)
 class SpeculativeCase:
     V: int

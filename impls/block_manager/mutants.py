@@ -2,9 +2,9 @@
 
 The bugs are the ones paged KV caches have shipped or nearly shipped: a forked sequence writing into
 its parent's partial block, a shared block leaked on free, a slot computed from the length before the
-append, block hashes that forget their prefix (vLLM moved to chained, then SHA-256, hashes), and a
-cached-token count that outlives the eviction of the blocks it counted.  A second group models bugs of
-preemption and of error paths, where the old state machine never looked: copy-on-write skipped after a
+append, block hashes that forget their prefix (vLLM moved to chained, then SHA-256, hashes) or keep only the
+block before it, and a cached-token count that outlives the eviction of the blocks it counted.  A second group
+models bugs of preemption and of error paths, where the old state machine never looked: copy-on-write skipped after a
 swap-in, swapped blocks restored in CPU-id order, LRU places refreshed by free but not by swap_out, cache
 hits touched before the capacity check, reference counts raised before a duplicate child id is seen, hits
 taken before a duplicate seq_id is seen, a swap-in rolled back after evicting cached blocks, CPU blocks of a
@@ -39,6 +39,11 @@ class SlotOffByOne(SimpleBlockManager):
 class UnchainedHash(SimpleBlockManager):
     def _chain(self, tokens):  # BUG: each block hashed alone, so [x, b] and [y, b] share block b
         return [self._hash(None, tokens[i * self.B:(i + 1) * self.B]) for i in range(len(tokens) // self.B)]
+
+
+class KeyOverPreviousTokens(SimpleBlockManager):
+    def _hash(self, parent, block_tokens):  # BUG: keyed by the previous block's tokens, not by its key: two histories
+        return (parent[1] if parent else None, tuple(block_tokens))  # that agree on two blocks share the second's
 
 
 class StaleCachedCount(SimpleBlockManager):
@@ -187,6 +192,9 @@ MUTANTS = {
     "slot_off_by_one": (SlotOffByOne, "logical->physical index off by one at block boundaries",
                         "machine_data"),
     "unchained_hash": (UnchainedHash, "prefix hash not chained with the parent block's hash", "machine_data"),
+    "key_over_previous_tokens": (KeyOverPreviousTokens, "a block's cache key chained over the previous block's "
+                                 "tokens, not its key: prompts that differ earlier share a cached block",
+                                 "machine_data"),
     "stale_cached_count": (StaleCachedCount, "cached-token count from hashes evicted since (stale)",
                            "machine_data"),
     "cow_skipped_after_swap": (CowSkippedAfterSwap, "copy-on-write skipped after swap_in: a fork since then shares "

@@ -1,0 +1,144 @@
+"""What the block-manager state machine checks after every step and at its end, and the calls it expects rejected
+(contract: harness/contracts/block_manager.py).
+
+Two sets of laws, so that each mutant is killed for the reason it declares: ``bookkeeping`` (pool conservation,
+reference counts = block-table entries, block tables and token lists the caller owns, the accepted calls replayed
+on a fresh manager making the same storage calls, a whole pool after freeing everything) and ``data`` (what each
+sequence reads through its block table is the KV of its own prefix, no write into a block whose count exceeds one).
+"""
+
+from hypothesis import strategies as st
+
+from harness.contracts.block_manager import open_manager
+from harness.strategies.block_manager import prompts
+from harness.strategies.block_manager_shadow import RecordingStorage
+
+NOT_INTS = (1.5, "0", None)  # tokens the contract rejects: each would hash into the cache as another block
+
+
+class BlockManagerChecks:
+    """Mixed into the machine next to `BlockManagerSteps`, whose state it reads."""
+
+    def table(self, sid) -> list[int]:
+        """block_table(sid); the list it returns is the caller's, so it is cleared after reading: a manager that
+        handed out its own table shows here."""
+        got = self.m.block_table(sid)
+        table = list(got)
+        got.clear()
+        again = self.m.block_table(sid)
+        assert list(again) == table, (f"sequence {sid}: block_table returned the manager's own list: clearing "
+                                      f"the returned {table} changed the manager's table to {list(again)}")
+        return table
+
+    def check_bookkeeping(self) -> None:
+        for kept, handed in self.given:
+            assert tuple(kept) == handed, (f"the token list {list(handed)} handed to allocate/lookup_prefix "
+                                           f"became {kept}: the manager kept the caller's list and changed it")
+        n = self.g.num_blocks
+        entries = [0] * n
+        tables = {sid: self.table(sid) for sid in self.shadow}
+        for sid, tokens in self.shadow.items():
+            table = tables[sid]
+            assert self.m.is_swapped(sid) == (sid in self.swapped), f"sequence {sid}: is_swapped is wrong"
+            assert self.m.num_tokens(sid) == len(tokens), f"sequence {sid}: num_tokens is wrong"
+            assert len(table) == -(-len(tokens) // self.B), (
+                f"sequence {sid}: {len(tokens)} tokens but a block table of {len(table)} blocks")
+            pool = self.g.num_cpu_blocks if sid in self.swapped else n
+            assert all(0 <= b < pool for b in table), f"sequence {sid}: block table {table} leaves its pool"
+            if sid not in self.swapped:
+                for b in table:
+                    entries[b] += 1
+        counts = [self.m.ref_count(b) for b in range(n)]
+        assert counts == entries, f"reference counts {counts} != block-table entries {entries}"
+        used, free = sum(c > 0 for c in counts), self.m.num_free_blocks()
+        assert free + used == n, f"free {free} + used {used} != pool size {n}"
+        cpu_used, cpu_free = {b for sid in self.swapped for b in tables[sid]}, self.m.num_free_cpu_blocks()
+        assert cpu_free + len(cpu_used) == self.g.num_cpu_blocks, (
+            f"CPU pool: free {cpu_free} + used {len(cpu_used)} != {self.g.num_cpu_blocks}")
+
+    def check_data(self) -> None:
+        assert not self.storage.violations, self.storage.violations[0]
+        for sid, tokens in self.shadow.items():
+            pool = self.storage.cpu if self.m.is_swapped(sid) else self.storage.gpu
+            table, want = self.m.block_table(sid), self.kv_ids(sid)
+            for i in range(len(tokens)):
+                got = pool[table[i // self.B]][i % self.B]
+                assert got == want[i], (f"sequence {sid} reads token {i} through block {table[i // self.B]} "
+                                        f"as the KV of {self.prefixes.shown(got)}, expected "
+                                        f"{self.prefixes.shown(want[i])}")
+
+    def note_evictions(self) -> None:
+        """Full blocks overwritten since the last step whose prefix is no longer found: evicted (for events)."""
+        for node in self.storage.overwritten - self.evicted:
+            tokens = self.prefixes.tokens(node)
+            if self.m.lookup_prefix(tokens) < len(tokens):
+                self.evicted.add(node)
+                self.situation("prefix: a cached block evicted")
+        self.storage.overwritten.clear()
+
+    def replay(self) -> None:
+        """The accepted calls on a fresh manager, none of the calls that raised: the same results and storage
+        calls, or a call that raised (or a query) changed hidden state (the contract's determinism)."""
+        storage = RecordingStorage()
+        twin = open_manager(self.impl, self.g.num_blocks, self.B, storage, num_cpu_blocks=self.g.num_cpu_blocks,
+                            timed=False)
+        for k, (method, args, out, made) in enumerate(self.accepted):
+            start = len(storage.trace)
+            try:
+                got = getattr(twin, method)(*(list(a) if isinstance(a, list) else a for a in args))
+            except Exception as exc:  # noqa: BLE001 - reported as the divergence it is
+                got = f"{type(exc).__name__}: {exc}"
+            again = tuple(storage.trace[start:])
+            assert (got, again) == (out, made), (
+                f"the {k + 1}th accepted call {method}{args} returned {out!r} with storage calls {list(made)[:8]}; "
+                f"on a fresh manager given only the accepted calls it returned {got!r} with {list(again)[:8]}: "
+                f"a call that raised ({'; '.join(self.raised[-4:])}) or a query changed the manager")
+
+    def pool_whole_at_end(self) -> None:
+        if self.raised:
+            self.replay()
+        for sid in list(self.shadow):
+            self.m.free(sid)
+        n = self.g.num_blocks
+        assert self.m.num_free_blocks() == n, f"after freeing everything {self.m.num_free_blocks()} of {n} free"
+        assert all(self.m.ref_count(b) == 0 for b in range(n)), "after freeing everything a count is not 0"
+        assert self.m.num_free_cpu_blocks() == self.g.num_cpu_blocks, "after freeing everything CPU blocks leak"
+
+    def bad_calls(self) -> list[tuple]:
+        """The calls the contract rejects in this state: (what, method, names, draw the arguments)."""
+        live, res, out, n = sorted(self.shadow), self.resident(), self.swapped, self.g.num_blocks
+        unknown = st.sampled_from(self.unknown_ids())
+        new = self.next_id + 1  # never allocated: a call that accepts it makes a sequence the shadow lacks
+        sid = ("seq_id",)
+        cases = [
+            ("allocate of no tokens", "allocate", ("tokens",), lambda d: (new, self.hand([]))),
+            ("allocate of a token that is not an int", "allocate", ("tokens",), lambda d: (new, self.hand(
+                [*d.draw(prompts(self.sources(), self.B)), d.draw(st.sampled_from(NOT_INTS))]))),
+            ("append to a freed sequence", "append", sid, lambda d: (d.draw(unknown), 0)),
+            ("fork of a freed parent", "fork", ("parent_id", "seq_id"), lambda d: (d.draw(unknown), new)),
+            ("free of a freed sequence", "free", sid, lambda d: (d.draw(unknown),)),
+            ("swap_out of a freed sequence", "swap_out", sid, lambda d: (d.draw(unknown),)),
+            ("swap_in of a freed sequence", "swap_in", sid, lambda d: (d.draw(unknown),)),
+            ("block_table of a freed sequence", "block_table", sid, lambda d: (d.draw(unknown),)),
+            ("lookup_prefix of no tokens", "lookup_prefix", ("tokens",), lambda d: (self.hand([]),)),
+            ("ref_count outside the pool", "ref_count", ("block",), lambda d: (d.draw(st.sampled_from([-1, n])),)),
+        ]
+        if live:
+            cases.append(("allocate under a live seq_id (its own tokens: cache hits)", "allocate", sid,
+                          lambda d: (s := d.draw(st.sampled_from(live)), self.hand(self.shadow[s]))))
+        if res:
+            cases += [
+                ("append of a token that is not an int", "append", ("token",),
+                 lambda d: (d.draw(st.sampled_from(res)), d.draw(st.sampled_from(NOT_INTS)))),
+                ("fork onto a live child_id", "fork", ("child_id",),
+                 lambda d: (d.draw(st.sampled_from(res)), d.draw(st.sampled_from(live)))),
+                ("swap_in of a resident sequence", "swap_in", sid, lambda d: (d.draw(st.sampled_from(res)),)),
+            ]
+        if out:
+            cases += [
+                ("append to a swapped-out sequence", "append", sid, lambda d: (d.draw(st.sampled_from(out)), 0)),
+                ("fork of a swapped-out parent", "fork", ("parent_id", "seq_id"),
+                 lambda d: (d.draw(st.sampled_from(out)), new)),
+                ("swap_out of a swapped-out sequence", "swap_out", sid, lambda d: (d.draw(st.sampled_from(out)),)),
+            ]
+        return cases

@@ -1,0 +1,390 @@
+"""The steps of a block-manager program (contract: harness/contracts/block_manager.py), each with the laws of its call.
+
+`BlockManagerSteps` keeps a small shadow model -- each live sequence's tokens, which are swapped out (in swap-out
+order), which were preempted by recompute and which freed -- and makes one call per step, checking what that call
+alone decides: an OutOfBlocks only when the free blocks cannot cover the request, allocate computing exactly the
+tokens it did not find cached, and every observable unchanged by a call that raises.  The state machine
+(properties/block_manager_machine.py) draws the steps; pinned programs (properties/test_block_manager.py, PINNED)
+name them.  `SITUATIONS` are the states where bookkeeping bugs live, counted with `event()`.
+"""
+
+import functools
+
+from hypothesis import event
+from hypothesis.control import currently_in_test_context
+
+from harness.contracts.block_manager import OutOfBlocks, guarded_batch, open_manager
+from harness.guard import names_argument
+from harness.registry import Impl
+from harness.strategies.block_manager import PoolGeometry
+from harness.strategies.block_manager_shadow import Prefixes, ShadowStorage
+
+# The situations where bookkeeping bugs live, each with the fraction of the ci profile's programs that must reach it
+# (both machines run the same programs): tests/test_block_manager_reach.py checks these floors on both correct
+# managers on the programs of four seeds pooled; properties/block_manager_machine.py gives the fractions measured.
+SITUATIONS = {
+    "OutOfBlocks: allocate": 0.2,
+    "OutOfBlocks: append": 0.2,
+    "OutOfBlocks: swap_out": 0.2,
+    "OutOfBlocks: swap_in": 0.2,
+    "OutOfBlocks: swap_in with some blocks free": 0.2,
+    "copy-on-write of a shared last block": 0.2,
+    "preemption: a sequence resumed by recompute": 0.2,
+    "prefix: two or more cached blocks, then the prompt diverges": 0.2,
+    "prefix: a cached block evicted": 0.2,
+    "prefix: a cached prefix reused after another was evicted": 0.2,
+    "prefix: an evicted prefix computed again": 0.2,
+    "prefix: the next block and the one before it cached under another history": 0.2,
+    "swap: a multi-block swap": 0.2,
+    "swap: several sequences swapped out at once": 0.2,
+    "swap: swapped back in out of order": 0.2,
+    "swap: CPU blocks freed and used again": 0.2,
+    "swap: a CPU table out of block-id order": 0.2,
+    "swap: after swap_in and fork, the parent writes the shared last block first": 0.2,
+    "rejected: a call raises while sequences are live": 0.2,
+}
+
+
+def situation(name: str, seen: set[str] | None = None) -> None:
+    """Count a situation where bookkeeping bugs live (`--hypothesis-show-statistics`), and add it to ``seen`` (the
+    run's `target`); pinned programs run outside Hypothesis and count nothing."""
+    assert name in SITUATIONS, f"situation {name!r} is not in SITUATIONS"
+    if currently_in_test_context():
+        event(name)
+    if seen is not None:
+        seen.add(name)
+
+
+def step(fn):
+    """A rule or invariant, its manager calls under one guard (`guarded_batch`), that marks the run failed when it
+    raises: Hypothesis runs teardown() in a finally, and teardown's own checks would replace the first failure's
+    message."""
+
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        try:
+            return guarded_batch(self.impl, lambda: fn(self, *args, **kwargs))
+        except BaseException:
+            self.failed = True
+            raise
+
+    return run
+
+
+class BlockManagerSteps:
+    """A manager under test and its shadow; ``checks`` names the laws checked ("bookkeeping", "data")."""
+
+    impl: Impl
+    checks: frozenset[str] = frozenset()
+    failed = False  # a step or invariant raised: teardown checks nothing
+
+    def open(self, geometry: PoolGeometry) -> None:
+        self.g, self.B = geometry, geometry.block_size
+        self.prefixes = Prefixes()
+        self.kv: dict[int, list[int]] = {}  # live sequence -> prefix ids of its tokens, grown lazily
+        self.storage = ShadowStorage(geometry, lambda sid, pos: self.kv_ids(sid)[pos])
+        self.m = open_manager(self.impl, geometry.num_blocks, self.B, self.storage,
+                              num_cpu_blocks=geometry.num_cpu_blocks, timed=False)
+        self.storage.ref_count = self.m.ref_count if "data" in self.checks else (lambda block: 0)
+        self.shadow: dict[int, list[int]] = {}  # live sequence -> its tokens
+        self.swapped: list[int] = []  # in swap-out order
+        self.preempted: dict[int, list[int]] = {}  # preempted by recompute -> tokens to recompute
+        self.dead: set[int] = set()  # freed sequences: their ids are unknown to the manager now
+        self.history: list[list[int]] = []
+        self.given: list[tuple[list[int], tuple[int, ...]]] = []  # lists handed to the manager, as handed
+        self.accepted: list[tuple] = []  # (method, args, result, storage calls) of every call that succeeded
+        self.raised: list[str] = []  # calls that raised (rejected, or OutOfBlocks), for the replay's message
+        self.evicted: set[int] = set()  # prefix ids of cached blocks seen evicted
+        self.cpu_used: set[int] = set()  # CPU blocks some swap_out has used
+        self.swapped_in: set[int] = set()
+        self.seen: set[str] = set()  # situations reached: the score `target` raises
+        self.next_id = 0
+
+    def situation(self, name: str) -> None:
+        situation(name, self.seen)
+
+    # ---- the shadow
+    def kv_ids(self, sid) -> list[int]:
+        tokens, ids = self.shadow[sid], self.kv.setdefault(sid, [])
+        del ids[len(tokens):]
+        while len(ids) < len(tokens):
+            ids.append(self.prefixes.child(ids[-1] if ids else -1, tokens[len(ids)]))
+        return ids
+
+    def resident(self) -> list[int]:
+        return sorted(set(self.shadow) - set(self.swapped))
+
+    def partial(self, sids) -> list[int]:
+        return [s for s in sids if len(self.shadow[s]) % self.B]
+
+    def sources(self) -> list[list[int]]:
+        """What prompts derive from: the 8 most recent prompts and the tokens of 8 live sequences (grown by
+        appends, copied by forks), so blocks duplicated by appends, hash chains through appended blocks and a
+        fork's diverged tails are looked up again.  A bounded choice keeps shrinking a failing program cheap
+        (the stale-count mutant's kill took 29 s -> 10 s of CPU)."""
+        return self.history[-8:] + [list(self.shadow[s]) for s in sorted(self.shadow)[-8:]]
+
+    def earlier(self) -> list[tuple[int, ...]]:
+        """The distinct prompts and live sequences' tokens the sources hold, the latest last."""
+        return list(dict.fromkeys(tuple(p) for p in self.sources()))
+
+    def unknown_ids(self) -> list[int]:
+        return sorted(self.dead | set(self.preempted)) or [self.next_id + 1000]
+
+    def fit_on_cpu(self) -> list[int]:
+        """The shortest resident sequences, as many as fit in the free CPU blocks together."""
+        fit, room = [], self.m.num_free_cpu_blocks()
+        for sid in sorted(self.resident(), key=lambda s: len(self.m.block_table(s))):
+            if len(self.m.block_table(sid)) > room:
+                break
+            fit.append(sid)
+            room -= len(self.m.block_table(sid))
+        return fit
+
+    # ---- calls
+    def hand(self, tokens) -> list[int]:
+        """A fresh list for the manager, remembered: a manager that keeps it and appends to it (aliasing the
+        caller's prompt) shows up in the bookkeeping invariant."""
+        self.given.append((mine := list(tokens), tuple(tokens)))
+        return mine
+
+    def call(self, method, *args):
+        """A call that must succeed, recorded with its storage calls for the replay."""
+        start = len(self.storage.trace)
+        out = getattr(self.m, method)(*args)
+        if "bookkeeping" in self.checks:
+            kept = tuple(list(a) if isinstance(a, list) else a for a in args)
+            self.accepted.append((method, kept, out, tuple(self.storage.trace[start:])))
+        return out
+
+    def observe(self) -> dict:
+        """What a call that raises must leave as it was: the block tables, the reference counts, the free counts,
+        the cache as lookups of the 8 latest distinct earlier prompts see it, the storage calls made so far.
+        (The token counts and is_swapped follow the shadow, which such a call leaves alone: the invariants
+        check those after the step; the replay at teardown, what the calls after it do.)"""
+        return {
+            "block tables": {s: list(self.m.block_table(s)) for s in sorted(self.shadow)},
+            "reference counts": [self.m.ref_count(b) for b in range(self.g.num_blocks)],
+            "free blocks (GPU, CPU)": (self.m.num_free_blocks(), self.m.num_free_cpu_blocks()),
+            "lookup_prefix of earlier prompts": {p: self.m.lookup_prefix(list(p)) for p in self.earlier()[-8:]},
+            "storage calls": len(self.storage.trace),
+        }
+
+    def observed_if(self, possible: bool) -> dict | None:
+        return self.observe() if possible and "bookkeeping" in self.checks else None
+
+    def unchanged(self, before: dict, what: str) -> None:
+        self.raised.append(what)
+        if "bookkeeping" not in self.checks:
+            return
+        after = self.observe()
+        diff = [f"{key} {before[key]} -> {after[key]}" for key in before if before[key] != after[key]]
+        assert not diff, f"{what} changed the manager: {'; '.join(diff)}"
+
+    # ---- steps, with explicit arguments: the rules draw them, pinned programs name them
+    def do_allocate(self, tokens, sid=None) -> bool:
+        if sid is None:
+            self.next_id += 1
+            sid = self.next_id
+        free, writes = self.m.num_free_blocks(), self.storage.writes
+        promised = self.m.lookup_prefix(self.hand(tokens))
+        need = -(-len(tokens) // self.B)
+        need = self.most_needed(tokens, promised) if free < need else need
+        before = self.observed_if(free < need)  # only then may it run out
+        trap = self.other_history_cached(tokens, promised)
+        self.shadow[sid] = list(tokens)
+        self.kv.pop(sid, None)
+        try:
+            cached = self.call("allocate", sid, self.hand(tokens))
+        except OutOfBlocks:
+            del self.shadow[sid]
+            assert free < need, (f"allocate of {len(tokens)} tokens ({promised} of them cached) raised "
+                                 f"OutOfBlocks with {free} blocks free; it needs at most {need}")
+            self.situation("OutOfBlocks: allocate")
+            self.unchanged(before, f"allocate({sid}, {tokens}) raising OutOfBlocks")
+            return False
+        assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"allocate reported {cached} cached"
+        if "bookkeeping" in self.checks:  # the simulator counts recomputed tokens from these two numbers
+            assert cached == promised, f"lookup_prefix promised {promised} tokens, allocate reported {cached}"
+            computed = self.storage.writes - writes
+            assert computed == len(tokens) - cached, (
+                f"allocate reported {cached} of {len(tokens)} tokens cached but computed {computed}")
+            self.filled_blocks_cached(sid, f"allocate({sid}, {tokens})")
+        if cached >= 2 * self.B and len(tokens) > cached:
+            self.situation("prefix: two or more cached blocks, then the prompt diverges")
+        if cached and self.evicted - set(self.kv_ids(sid)):
+            self.situation("prefix: a cached prefix reused after another was evicted")
+        if self.evicted & set(self.kv_ids(sid)[cached + self.B - 1::self.B]):
+            self.situation("prefix: an evicted prefix computed again")
+        if trap:
+            self.situation("prefix: the next block and the one before it cached under another history")
+        self.history.append(list(tokens))
+        return True
+
+    def other_history_cached(self, tokens, promised) -> bool:
+        """Whether the full block where ``tokens``' cache hits end (j = promised / B >= 2) is cached under another
+        history: a cached block with the same tokens at depth j and at j - 1, but another prefix before those.  A
+        key over the previous block's tokens, not over its key, would serve that block."""
+        B, j = self.B, promised // self.B
+        if j < 2 or len(tokens) < (j + 1) * B:
+            return False
+        window, before = tokens[(j - 1) * B:(j + 1) * B], tokens[:(j - 1) * B]
+        for block in self.storage.gpu:
+            other = self.prefixes.tokens(block[-1]) if None not in block else ()
+            if (len(other) == (j + 1) * B and other[(j - 1) * B:] == window and other[:(j - 1) * B] != before
+                    and self.m.lookup_prefix(list(other)) == len(other)):
+                return True
+        return False
+
+    def make_room(self, n: int, keep=()) -> None:
+        """Free the oldest resident sequences but ``keep`` until ``n`` blocks are free: a scheduler finishing
+        requests before it admits, resumes or forks one (most programs' pools are full)."""
+        for sid in [s for s in self.resident() if s not in keep]:
+            if self.m.num_free_blocks() >= n:
+                return
+            self.do_free(sid)
+
+    def most_needed(self, tokens, promised) -> int:
+        """The most free blocks allocating ``tokens`` can take: one per block not cached, plus one per cached
+        block that may be idle (it leaves the free pool).  A cached block holds its prefix's KV, so it is one
+        of the GPU blocks whose storage holds that; when every such block is in use, the hit is too."""
+        B, gpu, ids = self.B, self.storage.gpu, self.prefixes.of(tokens)
+        need = -(-len(tokens) // B) - promised // B
+        for i in range(promised // B):
+            holders = [b for b in range(len(gpu)) if gpu[b] == ids[i * B:(i + 1) * B]]
+            need += not holders or any(self.m.ref_count(b) == 0 for b in holders)
+        return need
+
+    def do_append(self, sid, tokens) -> None:
+        """Append token by token; one that needs a block (a new one, or a copy of a shared last block) with
+        none free must raise OutOfBlocks, and only such a one may."""
+        for token in tokens:
+            n, last = len(self.shadow[sid]), self.m.block_table(sid)[-1]
+            need = ("a new block" if n % self.B == 0 else
+                    f"a copy of its shared last block {last}" if self.m.ref_count(last) > 1 else None)
+            free, copies = self.m.num_free_blocks(), len(self.storage.trace)
+            before = self.observed_if(need and free == 0)
+            self.shadow[sid].append(token)
+            try:
+                self.call("append", sid, token)
+            except OutOfBlocks:
+                self.shadow[sid].pop()
+                assert need and free == 0, (f"append to sequence {sid} raised OutOfBlocks with {free} blocks "
+                                            f"free, needing {need or 'no block'}")
+                self.situation("OutOfBlocks: append")
+                self.unchanged(before, f"append({sid}, {token}) raising OutOfBlocks")
+                return
+            except Exception as exc:
+                if need and free == 0:
+                    raise AssertionError(f"append to sequence {sid} needed {need} with no block free and raised "
+                                         f"{type(exc).__name__}: {exc}, not OutOfBlocks") from exc
+                raise
+            assert not (need and free == 0), (f"append to sequence {sid} needed {need} with no block free "
+                                              "and did not raise OutOfBlocks")
+            if any(c[0] == "copy" for c in self.storage.trace[copies:]):
+                self.situation("copy-on-write of a shared last block")
+            if "bookkeeping" in self.checks and len(self.shadow[sid]) % self.B == 0:
+                self.filled_blocks_cached(sid, f"the append to sequence {sid} that filled its block "
+                                               f"{len(self.shadow[sid]) // self.B - 1}")
+
+    def filled_blocks_cached(self, sid, what) -> None:
+        """A block enters the prefix cache when it fills (the contract): once the blocks before the last full one
+        are found, a lookup of the sequence's tokens finds every full block."""
+        tokens, B = self.shadow[sid], self.B
+        full = len(tokens) // B * B
+        if full and (full == B or self.m.lookup_prefix(self.hand(tokens[:full - B])) == full - B):
+            found = self.m.lookup_prefix(self.hand(tokens))
+            assert found == full, (f"after {what}, lookup_prefix of its {len(tokens)} tokens finds {found} cached, "
+                                   f"not {full}: a full block enters the prefix cache when it fills")
+
+    def do_fork(self, parent, then=(), parent_then=(), parent_first=False) -> int:
+        """Fork, then the child's appends and the parent's, in either order: the first writer of a shared
+        partial last block copies it, the second (its count back to one) writes in place."""
+        self.next_id += 1
+        child = self.next_id
+        self.call("fork", parent, child)
+        self.shadow[child] = list(self.shadow[parent])
+        if parent_then and parent_first and parent in self.swapped_in and len(self.shadow[parent]) % self.B:
+            self.situation("swap: after swap_in and fork, the parent writes the shared last block first")
+        for sid, tokens in ((parent, parent_then), (child, then))[::1 if parent_first else -1]:
+            self.do_append(sid, tokens)
+        return child
+
+    def do_free(self, sid) -> None:
+        self.call("free", sid)
+        del self.shadow[sid]
+        self.dead.add(sid)
+        if sid in self.swapped:
+            self.swapped.remove(sid)
+
+    def do_preempt(self, sid) -> None:
+        self.call("free", sid)
+        self.preempted[sid] = self.shadow.pop(sid)
+
+    def do_resume(self, sid) -> None:
+        if self.do_allocate(self.preempted[sid], sid):
+            del self.preempted[sid]
+            self.situation("preemption: a sequence resumed by recompute")
+
+    def do_lookup(self, tokens) -> None:
+        cached = self.m.lookup_prefix(self.hand(tokens))
+        assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"lookup_prefix reported {cached}"
+
+    def do_swap_out(self, sid) -> None:
+        cpu_free, need = self.m.num_free_cpu_blocks(), len(self.m.block_table(sid))
+        before = self.observed_if(cpu_free < need)
+        try:
+            self.call("swap_out", sid)
+        except OutOfBlocks:
+            assert cpu_free < need, f"swap_out raised OutOfBlocks with {cpu_free} CPU blocks free for {need}"
+            self.situation("OutOfBlocks: swap_out")
+            self.unchanged(before, f"swap_out({sid}) raising OutOfBlocks")
+            return
+        self.swapped.append(sid)
+        cpu = list(self.m.block_table(sid))
+        if need >= 2:
+            self.situation("swap: a multi-block swap")
+        if len(self.swapped) >= 2:
+            self.situation("swap: several sequences swapped out at once")
+        if set(cpu) & self.cpu_used:
+            self.situation("swap: CPU blocks freed and used again")
+        if cpu != sorted(cpu):
+            self.situation("swap: a CPU table out of block-id order")
+        self.cpu_used |= set(cpu)
+
+    def do_swap_in(self, sid) -> None:
+        free, need = self.m.num_free_blocks(), len(self.m.block_table(sid))
+        before = self.observed_if(free < need)
+        try:
+            self.call("swap_in", sid)
+        except OutOfBlocks:
+            assert free < need, f"swap_in raised OutOfBlocks with {free} blocks free for {need}"
+            self.situation("OutOfBlocks: swap_in")
+            if free:
+                self.situation("OutOfBlocks: swap_in with some blocks free")
+            self.unchanged(before, f"swap_in({sid}) raising OutOfBlocks")
+            return
+        if sid != self.swapped[-1]:
+            self.situation("swap: swapped back in out of order")
+        self.swapped.remove(sid)
+        self.swapped_in.add(sid)
+
+    def do_reject(self, what, method, names, *args) -> None:
+        """A call the contract rejects: ValueError, TypeError or KeyError naming the argument, and nothing
+        observable changes (`observe`); the replay at teardown checks that the later calls behave as if it
+        never happened."""
+        before = self.observed_if(True)
+        try:
+            getattr(self.m, method)(*args)
+        except (ValueError, TypeError, KeyError) as exc:
+            assert names_argument(str(exc), *names), (
+                f"{what}: {method}{args} raised '{type(exc).__name__}: {exc}', which names none of {names}")
+        except OutOfBlocks as exc:
+            raise AssertionError(f"{what}: {method}{args} raised OutOfBlocks ({exc}), not an error naming "
+                                 f"{' or '.join(names)}") from exc
+        else:
+            raise AssertionError(f"{what}: {method}{args} was accepted; it must raise an error naming "
+                                 f"{' or '.join(names)}")
+        if self.shadow:
+            self.situation("rejected: a call raises while sequences are live")
+        self.unchanged(before, f"{what}, {method}{args}, raising")

@@ -1,0 +1,82 @@
+"""Machine-made mutants (harness/engine/mutation.py): the pipeline on a few block-manager mutants, two quick
+properties only (the full run is `python -m harness mutants --machine-made DIR`, hours on 2 cores)."""
+
+import pytest
+
+from harness.engine import mutation as M
+
+QUICK = ("rejects_bad_input", "large_tables")  # about a second a check
+EVICT = "  # evict the least recently used cached block"
+
+
+def mutant(subject: M.Subject, before: str, after: str) -> M.Mutation:
+    """The mutation of ``subject`` that turns the line ``before`` into ``after`` (ids move when the file changes)."""
+    lines = [i + 1 for i, text in enumerate((M.ROOT / subject.path).read_text().splitlines()) if text.strip() == before]
+    for op, k, _ in [m for m in M.mutations_of(subject) if m[2] in lines]:
+        m = M.Mutation(subject, op, k, subject.provides[0])
+        changed = M.changed_line(subject.path, m.source())
+        if (changed["before"], changed["after"]) == (before, after):
+            return m
+    raise LookupError(f"no mutation of {subject.path} turns {before!r} into {after!r}")
+
+
+@pytest.fixture(scope="module")
+def block_manager_subjects() -> dict[str, M.Subject]:
+    return {s.path: s for s in M.subjects(["block_manager"])}
+
+
+def test_the_sample_is_seeded_and_per_folder(block_manager_subjects):
+    subjects = list(block_manager_subjects.values())
+    first, again, other = M.sample(subjects, 3, seed=1), M.sample(subjects, 3, seed=1), M.sample(subjects, 3, seed=2)
+    assert [m.id for m in first] == [m.id for m in again] != [m.id for m in other]
+    assert sorted(m.subject.stratum for m in first) == ["docs/examples"] * 3 + ["impls/block_manager"] * 3
+    assert {m.judged for m in first if m.subject.stratum == "docs/examples"} == {("block_manager", "BlockManager")}
+
+
+def test_mutants_are_judged_as_plugins_and_a_run_resumes(block_manager_subjects, tmp_path):
+    """An implementation's file (its registration collected from the mutated text) and an example plugin (checked as
+    the README checks it): the originals pass, a swap_in that accepts a resident sequence is killed, an eviction of
+    the most recently used block survives these two properties (the LRU property kills it)."""
+    simple, example = block_manager_subjects["impls/block_manager/simple.py"], block_manager_subjects[
+        "docs/examples/block_manager.py"]
+    mutations = [mutant(simple, "if not seq.swapped:", "if not not seq.swapped:"),
+                 mutant(example, 'if not seq["swapped"]:', 'if not not seq["swapped"]:'),
+                 mutant(simple, f"b, h = self.evictable.popitem(last=False){EVICT}",
+                        f"b, h = self.evictable.popitem(last=True){EVICT}")]
+    records = M.judge(mutations, tmp_path, properties=QUICK, jobs=2, log=lambda line: None)
+    outcomes = {(r["path"], r["operator"], r["after"]): r["outcome"] for r in records}
+    assert sorted(outcomes.values()) == ["killed", "killed", "survived", "survived", "survived"], outcomes
+    assert [o for (_, op, _), o in outcomes.items() if op == M.ORIGINAL] == ["survived", "survived"]
+    summary = M.summarize(records, [])
+    assert summary["techniques"]["block_manager"] == {"judged": 3, "killed": 2, "equivalent": 0, "survived": 1,
+                                                      "score": round(2 / 3, 4)}
+
+    def nothing_again(units):
+        assert not units, f"judged again: {[u.key for u in units]}"
+        return iter(())
+
+    assert len(M.judge(mutations, tmp_path, properties=QUICK, executor=nothing_again, log=lambda line: None)) == 5
+
+
+def test_triage_scores_and_weak_kills():
+    """A triaged equivalent leaves the score's denominator; kills by a bad-input property alone, by a crash alone, or
+    by one property are listed."""
+    def record(op, after, verdicts):
+        return {"id": f"f.py:{op}:0", "path": "f.py", "operator": op, "occurrence": 0, "line": 1, "before": "x",
+                "after": after, "technique": "t", "impl": "i", "verdicts": verdicts,
+                "outcome": M.outcome({"verdicts": verdicts})}
+
+    fail = lambda prop, message="AssertionError: wrong": {"property": prop, "status": "FAIL", "message": message}
+    ok = lambda prop: {"property": prop, "status": "pass", "message": ""}
+    records = [record(M.ORIGINAL, "", [ok("law"), ok("rejects_bad_input")]),
+               record("a", "y1", [fail("law"), fail("other_law")]),
+               record("b", "y2", [ok("law"), fail("rejects_bad_input")]),
+               record("c", "y3", [fail("law", "crashed: the checking process died"), ok("other_law")]),
+               record("d", "y4", [fail("law"), ok("other_law")]),
+               record("e", "y5", [ok("law"), ok("other_law")]),
+               record("f", "y6", [ok("law"), ok("other_law")])]
+    summary = M.summarize(records, [{"path": "f.py", "before": "x", "after": "y6", "verdict": "equivalent"}])
+    assert summary["techniques"]["t"] == {"judged": 6, "killed": 4, "equivalent": 1, "survived": 1, "score": 0.8}
+    weak = {kind: [m["operator"] for m in rows] for kind, rows in M.kill_quality(summary["mutants"].values()).items()}
+    assert weak == {"bad input only": ["b"], "crash or hang only": ["c"], "one property": ["d"]}
+    assert "| t | 6 | 4 | 1 | 1 | 80.0% |" in M.report(summary, title="t")
