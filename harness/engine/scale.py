@@ -93,10 +93,11 @@ class Scale:
         if plan_.record:
             document["shard"] = plan_.record
         if isinstance(self.executor, Ray):
-            hosts: dict[str, int] = {}
+            nodes: dict[str, int] = {}
             for placement in self.executor.placements.values():
-                hosts[placement["host"]] = hosts.get(placement["host"], 0) + 1
-            document["executor"] = {"name": "ray", "address": self.executor.address, "units_per_host": hosts}
+                where = f"{placement['host']}/{placement['node'][:8]}"
+                nodes[where] = nodes.get(where, 0) + 1
+            document["executor"] = {"name": "ray", "address": self.executor.address, "units_per_node": nodes}
         return document
 
     def has(self, plan_: Plan, technique: str, name: str) -> bool:
