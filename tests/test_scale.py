@@ -38,10 +38,10 @@ def test_the_plan_puts_every_unit_in_one_shard_in_order_and_balanced(seconds, co
     assert len({p.record["plan"] for p in shards}) == 1 and {p.record["total_units"] for p in shards} == {len(units)}
 
 
-def test_a_unit_without_a_recorded_time_gets_its_techniques_median_else_the_estimate():
+def test_a_unit_without_a_recorded_time_gets_its_techniques_mean_else_the_estimate():
     units = _units(4)
     durations = Durations({units[0].key: 1.0, units[1].key: 3.0, units[2].key: 8.0})
-    assert durations.expected(units[1]) == 3.0 and durations.expected(units[3]) == 3.0
+    assert durations.expected(units[1]) == 3.0 and durations.expected(units[3]) == 4.0
     mutant = Unit("kvcache", Target("kvcache", name="m"), killers=2)
     assert Durations().expected(units[0]) == engine_units.CHECK_ESTIMATE_S + engine_units.UNIT_START_S
     assert Durations().expected(mutant) == 2 * engine_units.MUTANT_ESTIMATE_S + engine_units.UNIT_START_S

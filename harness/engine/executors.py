@@ -7,7 +7,8 @@ where, never how.  Both return a result per unit (`harness.engine.units.Unit.key
 ``local`` groups a shard's units by implementation and hands each group to the runner at once, ``jobs``
 implementations at a time, as an unsharded run does.
 
-``ray`` submits a task per unit (`ray_unit`), spread over the cluster's nodes, one CPU each.  A unit whose
+``ray`` submits a task per unit (`ray_unit`), spread over the cluster's nodes, one CPU each, the longest
+expected first (recorded durations, `harness.engine.units.Durations`: the run's tail is then short units).  A unit whose
 implementation declares devices without the CPU asks for them as Ray resources (``cuda``: a GPU; another
 device: a custom resource of its name), so it runs only on a node that declares them; where no node does, it
 runs anywhere and gets the verdict a machine without that device gives (its properties skip, saying so).  Ray
@@ -24,7 +25,7 @@ import time
 
 from harness import runner
 from harness.engine import exampledb
-from harness.engine.units import Job, Unit, result_from_dict, result_to_dict, split
+from harness.engine.units import Durations, Job, Unit, result_from_dict, result_to_dict, split
 
 POLL_S = 0.05
 MAX_RETRIES = 3  # a unit's reruns after its worker or node died: a lost node's units go elsewhere
@@ -109,8 +110,9 @@ class Ray:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, max_retries: int = MAX_RETRIES) -> None:
-        self.address, self.max_retries = address, max_retries
+    def __init__(self, address: str | None = None, max_retries: int = MAX_RETRIES,
+                 durations: Durations | None = None) -> None:
+        self.address, self.max_retries, self.durations = address, max_retries, durations or Durations()
         self.placements: dict[tuple[str, ...], dict] = {}  # unit key -> host, node, pid, seconds
 
     def connect(self):
@@ -132,7 +134,7 @@ class Ray:
         # workers of its own (a property's settings are read when its module is imported)
         env = {"env_vars": {**harness_env(), "HARNESS_UNIT_PROFILE": job.profile}}
         refs = {}
-        for unit in units:
+        for unit in sorted(units, key=self.durations.expected, reverse=True):
             resources, missing = _resources(unit.needs, declared)
             if missing:
                 progress.note(unit.target, f"no node declares {', '.join(missing)}: runs where they are absent")

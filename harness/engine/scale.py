@@ -50,10 +50,11 @@ class Scale:
     def from_args(cls, args: argparse.Namespace) -> Scale:
         """ValueError (a usage error) for an unreadable durations file or an unreachable example database."""
         exampledb.configure(args.example_db, args.example_db_write)
-        executor = Ray(args.address) if args.executor == "ray" else None
+        durations = Durations.load(args.durations)
+        executor = Ray(args.address, durations=durations) if args.executor == "ray" else None
         if args.address and executor is None:
             raise ValueError("--address needs --executor ray")
-        return cls(args.shard, Durations.load(args.durations), executor)
+        return cls(args.shard, durations, executor)
 
     @property
     def plain(self) -> bool:

@@ -9,7 +9,7 @@ then implementation, then property), so concatenating the shards in order gives 
 implementations apart from at most one at each end, so it starts few checking processes, and its share
 differs from the ideal by at most one unit.  A unit's expected duration is what a previous run recorded for
 it (`Durations`: the ``seconds`` of its verdicts in a verdicts document, plus `UNIT_START_S`); a unit no run
-recorded gets the median of the recorded units of its technique and kind, and with nothing recorded the
+recorded gets the mean of the recorded units of its technique and kind, and with nothing recorded the
 estimates `CHECK_ESTIMATE_S` and `MUTANT_ESTIMATE_S`.  Every shard of a run must plan from the same durations:
 each records a digest of its plan, and `harness merge` refuses shards planned differently.
 """
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from harness.runner import ImplResult, Target, Verdict
 
-# Measured on a 2-core Xeon at load ~2 over the whole ci matrix (docs/scale.md): the median check unit took
-# 1.1 s of property time, the median mutant 1.3 s per declared killer; a checking process starts in ~0.15 s.
-CHECK_ESTIMATE_S = 1.1
-MUTANT_ESTIMATE_S = 1.3
-UNIT_START_S = 0.15
+# The means over the whole ci matrix as recorded on a shared 2-core Xeon at load ~12 (docs/scale.md; idle, about a
+# quarter): a check unit 1.2 s, a mutant 3.5 s per declared killer.  Only their ratio moves a plan.
+CHECK_ESTIMATE_S = 1.2
+MUTANT_ESTIMATE_S = 3.5
+UNIT_START_S = 0.15  # a unit's checking process: fork, load the implementation, report (docs/scale.md)
 
 
 @dataclass(frozen=True)
@@ -143,11 +143,10 @@ class Durations:
     def __init__(self, recorded: dict[tuple[str, ...], float] | None = None, source: str = "estimate") -> None:
         self.recorded = recorded or {}
         self.source = source
-        self._medians: dict[tuple[str, str], float] = {}
         by_group: dict[tuple[str, str], list[float]] = {}
         for key, seconds in self.recorded.items():
             by_group.setdefault((key[0], key[1]), []).append(seconds)
-        self._medians = {group: statistics.median(values) for group, values in by_group.items()}
+        self._means = {group: statistics.fmean(values) for group, values in by_group.items()}
 
     @classmethod
     def load(cls, paths: list[str]) -> Durations:
@@ -167,11 +166,11 @@ class Durations:
         return cls(recorded, source=_digest(sorted([list(k), round(v, 1)] for k, v in recorded.items())))
 
     def expected(self, unit: Unit) -> float:
-        """Recorded seconds, else the median of its technique's recorded units of its kind, else the estimate."""
+        """Recorded seconds, else the mean of its technique's recorded units of its kind, else the estimate."""
         if unit.key in self.recorded:
             return self.recorded[unit.key]
-        if (unit.kind, unit.technique) in self._medians:
-            return self._medians[(unit.kind, unit.technique)]
+        if (unit.kind, unit.technique) in self._means:
+            return self._means[(unit.kind, unit.technique)]
         if unit.kind == "check":
             return CHECK_ESTIMATE_S + UNIT_START_S
         return MUTANT_ESTIMATE_S * unit.killers + UNIT_START_S
