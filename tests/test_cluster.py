@@ -145,12 +145,15 @@ def test_check_attention_on_the_cluster_gives_the_local_verdicts_and_survives_a_
         finally:
             if name == "ray":
                 nodes["plain"] = c.add_node(num_cpus=1)
-        assert proc.returncode == 0, log.read_text()[-3000:]
-        documents[name] = json.loads(out.read_text())
-    local, on_ray = documents["local"], documents["ray"]
+        assert out.is_file(), log.read_text()[-3000:]
+        documents[name] = (proc.returncode, json.loads(out.read_text()))
+    (local_code, local), (ray_code, on_ray) = documents["local"], documents["ray"]
     assert on_ray["implementations"] == local["implementations"]
     same = ("impl", "property", "status", "message", "counterexample", "reproduce")
-    assert [{k: v[k] for k in same} for v in on_ray["verdicts"]] == [{k: v[k] for k in same} for v in local["verdicts"]]
+    differ = [(v, w) for v, w in zip(on_ray["verdicts"], local["verdicts"], strict=True)
+              if {k: v[k] for k in same} != {k: w[k] for k in same}]
+    assert differ == [], f"{len(differ)} verdicts differ; the first (ray, local): {differ[0]}"
+    assert ray_code == local_code == 0
     assert sum(on_ray["executor"]["units_per_node"].values()) == len(local["verdicts"])
     assert len(on_ray["executor"]["units_per_node"]) == 3, on_ray["executor"]
 
