@@ -89,6 +89,9 @@ def ray_unit(unit: Unit, job: Job) -> dict:
         raise RuntimeError(f"this worker imported the properties under profile {_profile_loaded}, not {job.profile}")
     profiles.load(job.profile)
     _profile_loaded = job.profile
+    from harness.registry import impls
+
+    impls(unit.technique, mutants=None)  # the registry, loaded here once: each unit's checking process forks with it
     start = time.perf_counter()
     with exampledb.scoped(unit.target):
         if unit.kind == "check":
