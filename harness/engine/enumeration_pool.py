@@ -19,10 +19,11 @@ from collections.abc import Callable, Iterator
 from harness.enumeration import results_of, run_task
 
 MAX_RESTARTS = 3
+CHUNKS_PER_ACTOR = 4  # per map: enough to even out unequal chunks, few enough that calls cost little
 
 
 class _EnumerationWorker:
-    """A Ray actor: the enumerator ``recipe`` builds, running `_Enumerator.task` for each task sent."""
+    """A Ray actor: the enumerator ``recipe`` builds, running `_Enumerator.task` for each task of a chunk sent."""
 
     def __init__(self, recipe: Callable) -> None:
         import torch
@@ -30,8 +31,8 @@ class _EnumerationWorker:
         torch.set_num_threads(1)  # thousands of tiny model calls: one thread each, as a forked worker
         self.enumerator = recipe()
 
-    def task(self, task: tuple):
-        return run_task(self.enumerator.task, task)
+    def tasks(self, tasks: list[tuple]) -> list:
+        return [run_task(self.enumerator.task, task) for task in tasks]
 
 
 class RayPool:
@@ -56,11 +57,16 @@ class RayPool:
         return self.actors is not None
 
     def map(self, tasks: list, clock, ordered: bool = False) -> Iterator:
+        """The tasks' results (in order where ``ordered``), sent in `CHUNKS_PER_ACTOR` chunks per actor: a level of
+        round states is thousands of tasks of a millisecond or two, and a Ray call costs about as much."""
         from ray.util import ActorPool
 
+        size = max(1, -(-len(tasks) // (CHUNKS_PER_ACTOR * self.n)))
+        chunks = [tasks[i:i + size] for i in range(0, len(tasks), size)]
         pool = ActorPool(self.actors)
         each = pool.map if ordered else pool.map_unordered
-        return results_of(each(lambda actor, task: actor.task.remote(task), tasks), clock)
+        done = each(lambda actor, chunk: actor.tasks.remote(chunk), chunks)
+        return results_of((result for chunk in done for result in chunk), clock)
 
     def close(self) -> None:
         if self.actors is not None and not self.closed:
