@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
 
     mg = sub.add_parser("merge", help="join the verdicts documents of a run's shards into one (docs/scale.md)")
     merge.add_arguments(mg)
-    mg.set_defaults(func=merge.run)
+    mg.set_defaults(func=merge.run, failing=FAILING)
     return p
 
 

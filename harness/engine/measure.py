@@ -80,9 +80,11 @@ def enumeration(vocab: int, T: int, gamma: int, workers: int, repeats: int) -> N
     from harness.engine.enumeration_pool import RayPool
     from harness.enumeration import exact_distribution, max_difference
     from harness.lm import TableLM
+    from harness.registry import get
     from harness.strategies.common import generator
     from harness.strategies.speculative import probability_table
-    from impls.speculative.standard import speculative
+
+    speculative = get("speculative", "standard").fn  # the standard rule, as registered
 
     def run(**kw):
         g = generator(0)

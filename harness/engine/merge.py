@@ -31,14 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``args.failing``: the statuses that fail a check (the command line's, handed over with the arguments)."""
     try:
-        return merge_paths([Path(p) for p in args.shards], Path(args.out))
+        return merge_paths([Path(p) for p in args.shards], Path(args.out), tuple(args.failing))
     except MergeError as exc:
         print(f"python -m harness merge: {exc}", file=sys.stderr)
         return 2
 
 
-def merge_paths(shards: list[Path], out: Path) -> int:
+def merge_paths(shards: list[Path], out: Path, failing: tuple[str, ...]) -> int:
     missing = [str(p) for p in shards if not p.exists()]
     if missing:
         raise MergeError(f"no such file or folder: {', '.join(missing)}")
@@ -48,16 +49,16 @@ def merge_paths(shards: list[Path], out: Path) -> int:
             raise MergeError(f"no verdicts documents (*.json) in {', '.join(map(str, shards))}")
         status = 0
         for name in names:
-            status |= merge_paths([p / name for p in shards], out / name)
+            status |= merge_paths([p / name for p in shards], out / name, failing)
         return status
     if any(p.is_dir() for p in shards):
         raise MergeError("give either documents or folders of them, not both")
     merged = merge([(str(p), _read(p)) for p in shards])
     provenance.write_json(out, merged)
-    failing = failures(merged)
+    found = failures(merged, failing)
     print(f"{out}: {len(shards)} shards joined, {_count(merged)} verdicts"
-          + (f"; {len(failing)} failing: {', '.join(failing[:10])}" if failing else ""))
-    return 1 if failing else 0
+          + (f"; {len(found)} failing: {', '.join(found[:10])}" if found else ""))
+    return 1 if found else 0
 
 
 def _read(path: Path) -> dict:
@@ -149,10 +150,9 @@ def _count(document: dict) -> int:
     return sum(len(t["verdicts"]) for t in document.get("techniques", [document]))
 
 
-def failures(document: dict) -> list[str]:
-    """What makes the joined run exit 1: a failing verdict of an implementation that should pass, or a mutant
-    that survived its declared killers (as ``check`` and ``mutants`` decide)."""
-    from harness.cli import FAILING
+def failures(document: dict, failing: tuple[str, ...]) -> list[str]:
+    """What makes the joined run exit 1: a verdict of status in ``failing`` of an implementation that should pass,
+    or a mutant that survived its declared killers (as ``check`` and ``mutants`` decide)."""
     from harness.runner import ImplResult, Target, Verdict, mutant_status
 
     found = []
@@ -169,5 +169,5 @@ def failures(document: dict) -> list[str]:
                         and not info["unavailable"]:
                     found.append(f"{part['technique']}/{impl['name']} survived")
             elif not impl.get("mutant"):
-                found += [f"{v.impl}/{v.property}" for v in verdicts if v.status in FAILING]
+                found += [f"{v.impl}/{v.property}" for v in verdicts if v.status in failing]
     return found
