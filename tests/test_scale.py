@@ -126,3 +126,30 @@ def test_a_previous_run_balances_the_next(shards):
     assert recorded[("check", "attention", "naive", "rejects_bad_input")] == pytest.approx(
         engine_units.UNIT_START_S + next(v["seconds"] for v in whole["verdicts"] if v["impl"] == "naive"
                             and v["property"] == "rejects_bad_input"))
+
+
+def test_run_folders_merge_file_by_file(shards, tmp_path):
+    """`run --shard` writes a folder of documents per shard: merged folder by folder, file by file."""
+    for i in (1, 2, 3):
+        (tmp_path / f"shard{i}").mkdir()
+        (tmp_path / f"shard{i}" / "attention.json").write_text(json.dumps(shards["documents"][f"shard{i}"]))
+    assert main(["merge", str(tmp_path / "merged"), *(str(tmp_path / f"shard{i}") for i in (1, 2, 3))]) == 0
+    merged = json.loads((tmp_path / "merged" / "attention.json").read_text())
+    assert _verdicts(merged) == _verdicts(shards["documents"]["whole"])
+
+
+def test_mutants_in_two_shards_merged_are_the_unsharded_run(tmp_path):
+    """The block manager's mutants (each a unit: its declared killers first, stopping at the first kill)."""
+    codes = {}
+    for name, extra in [("whole", []), ("shard1", ["--shard", "1/2"]), ("shard2", ["--shard", "2/2"])]:
+        codes[name] = main(["mutants", "block_manager", "--jobs", "1", "--json", str(tmp_path / f"{name}.json"),
+                            *extra])
+    from harness.registry import impls
+
+    shard_docs = [json.loads((tmp_path / f"shard{i}.json").read_text()) for i in (1, 2)]
+    registered = len(impls("block_manager", mutants=True))
+    assert all(d["shard"]["units"] for d in shard_docs) and shard_docs[0]["shard"]["total_units"] == registered
+    assert main(["merge", str(tmp_path / "merged.json"), *(str(tmp_path / f"shard{i}.json") for i in (1, 2))]) == 0
+    whole, merged = (json.loads((tmp_path / f"{n}.json").read_text())["techniques"][0] for n in ("whole", "merged"))
+    assert _verdicts(merged) == _verdicts(whole) and merged["implementations"] == whole["implementations"]
+    assert codes == {"whole": 0, "shard1": 0, "shard2": 0}

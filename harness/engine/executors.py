@@ -119,12 +119,17 @@ class Ray:
         self.placements: dict[tuple[str, ...], dict] = {}  # unit key -> host, node, pid, seconds
 
     def connect(self):
+        """Ray, connected; ValueError saying why not (Ray not installed, no cluster at the address)."""
         try:
             import ray
         except ImportError:
             raise ValueError("--executor ray needs Ray: pip install 'llm-inference-harness[cluster]'") from None
         if not ray.is_initialized():
-            ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+            try:
+                ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = self.address or "a Ray cluster"
+                raise ValueError(f"--executor ray: cannot connect to {where}: {exc}") from None
         return ray
 
     def run(self, units: list[Unit], job: Job, progress: runner.Progress) -> dict[tuple[str, ...], runner.ImplResult]:

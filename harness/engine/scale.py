@@ -54,6 +54,8 @@ class Scale:
         executor = Ray(args.address, durations=durations) if args.executor == "ray" else None
         if args.address and executor is None:
             raise ValueError("--address needs --executor ray")
+        if executor is not None:
+            executor.connect()  # here: a cluster that cannot be reached is a usage error, before any work
         return cls(args.shard, durations, executor)
 
     @property
