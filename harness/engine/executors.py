@@ -125,6 +125,7 @@ class Ray:
         except ImportError:
             raise ValueError("--executor ray needs Ray: pip install 'llm-inference-harness[cluster]'") from None
         if not ray.is_initialized():
+            _reachable(self.address)
             try:
                 ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
             except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -185,6 +186,18 @@ class Ray:
             return failed(unit, job, f"error: the node {out['host']} runs commit {out['commit']}, this run {commit}: "
                                      "every node must run the driver's commit")
         return result_from_dict(out["result"])
+
+
+def _reachable(address: str | None) -> None:
+    """A HOST:PORT address that nothing listens on is an error at once (Ray itself retries it for minutes)."""
+    host, sep, port = (address or "").rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:  # "auto", ray://..., none: Ray's own
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise ValueError(f"--executor ray: nothing answers at {address} ({exc}); expected a Ray head's HOST:PORT "
+                         "(`ray start --head` prints it)") from None
 
 
 def _resources(needs: tuple[str, ...], declared: dict) -> tuple[dict, list[str]]:

@@ -97,7 +97,8 @@ class Scale:
             document["shard"] = plan_.record
         if isinstance(self.executor, Ray):
             nodes: dict[str, int] = {}
-            for placement in self.executor.placements.values():
+            placements = self.executor.placements
+            for placement in (placements[u.key] for u in plan_.units if u.key in placements):
                 where = f"{placement['host']}/{placement['node'][:8]}"
                 nodes[where] = nodes.get(where, 0) + 1
             document["executor"] = {"name": "ray", "address": self.executor.address, "units_per_node": nodes}
