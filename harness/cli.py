@@ -23,6 +23,7 @@ from typing import NoReturn
 from harness import profiles, provenance, runner
 from harness.contracts import load_techniques
 from harness.engine import outputs
+from harness.engine import scale as scale_out
 from harness.engine.inputs import VERDICTS_SCHEMA, UsageError
 from harness.registry import DISTRIBUTION, ENTRY_POINT_GROUP, LOAD_ERRORS, enable_entry_points, impls
 
@@ -133,6 +134,12 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--quick", action="store_true", help="leave out the sections with sweeps of their own (as "
                      "`run` does), keeping those a previous report measured")
     rep.set_defaults(func=cmd_report)
+
+    from harness.engine import merge
+
+    mg = sub.add_parser("merge", help="join the verdicts documents of a run's shards into one (docs/scale.md)")
+    merge.add_arguments(mg)
+    mg.set_defaults(func=merge.run, failing=FAILING)
     return p
 
 
@@ -150,6 +157,14 @@ def _common(p: argparse.ArgumentParser, json: bool = True) -> None:
                    help="run the implementation inside the judge's own process: only for code you trust (a plugin "
                         "there can change its own verdicts; by default it runs in a process of its own)")
     _entry_points(p)
+    scale_out.add_arguments(p)
+
+
+def _scale(args) -> scale_out.Scale:
+    try:
+        return scale_out.Scale.from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,11 +312,12 @@ def cmd_list(args) -> int:
 def cmd_check(args) -> int:
     return check(args.technique, names=args.impl, plugins=args.plugin, properties=args.property,
                  profile=args.profile, jobs=args.jobs, json_path=args.json, reproduce=args.reproduce,
-                 shrink=args.shrink)
+                 shrink=args.shrink, scale=_scale(args))
 
 
 def check(technique: str, *, names: list[str], plugins: list[str], properties: list[str], profile: str, jobs: int,
-          json_path: str | None, reproduce: str | None = None, shrink: bool = True) -> int:
+          json_path: str | None, reproduce: str | None = None, shrink: bool = True,
+          scale: scale_out.Scale | None = None) -> int:
     profiles.load(profile)
     _known_technique(technique)
     targets = _targets(technique, names, plugins)
@@ -309,12 +325,15 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
     _valid_json_path(json_path)
     out = sys.stderr if json_path == "-" else sys.stdout
     started = time.perf_counter()
-    with Printer(technique, len(targets) * len(props), out) as printer:
-        results = runner.check(technique, targets, profile=profile, properties=properties, jobs=jobs,
-                               progress=printer, blob=reproduce, shrink=shrink)
+    scale = scale or scale_out.Scale()
+    plan = scale.plan_check(technique, targets, [p.name for p in props])
+    with Printer(technique, len(plan.units), out) as printer:
+        results = scale.check(technique, plan, profile=profile, properties=properties, jobs=jobs, progress=printer,
+                              blob=reproduce, shrink=shrink)
     _unique_names(results)
     _print_matrix(technique, results, props, out)
-    _write_json(json_path, verdicts_document(technique, profile, results, time.perf_counter() - started))
+    _write_json(json_path, scale.annotate(verdicts_document(technique, profile, results,
+                                                            time.perf_counter() - started), plan))
     _report_load_errors()
     return 1 if any(v.status in FAILING and not r.info.get("mutant") for r in results for v in r.verdicts) else 0
 
@@ -327,11 +346,12 @@ def cmd_mutants(args) -> int:
                             per_stratum=args.sample, seed=args.seed, profile=args.profile, jobs=args.jobs,
                             plan=Path(args.plan) if args.plan else None)
     return mutants([args.technique] if args.technique else sorted(load_techniques()), profile=args.profile,
-                   jobs=args.jobs, json_path=args.json, score=args.score, all_properties=args.all_properties)
+                   jobs=args.jobs, json_path=args.json, score=args.score, all_properties=args.all_properties,
+                   scale=_scale(args))
 
 
 def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | None, score: bool = False,
-            all_properties: bool = False) -> int:
+            all_properties: bool = False, scale: scale_out.Scale | None = None) -> int:
     """Kill every mutant of ``techniques``: its declared killers first, stopping at the first that kills it, or every
     property (``all_properties``, implied by ``score``: the properties that killed each)."""
     all_properties = all_properties or score
@@ -341,13 +361,16 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
     _valid_json_path(json_path)
     out = sys.stderr if json_path == "-" else sys.stdout
     documents, survivors, not_run, scores = [], [], {}, []
+    scale = scale or scale_out.Scale()
+    plan = scale.plan_mutants(techniques)
     for t in techniques:
-        started, props, registered = time.perf_counter(), runner.properties_of(t), impls(t, mutants=True)
+        started, props = time.perf_counter(), runner.properties_of(t)
+        registered = [m for m in impls(t, mutants=True) if scale.has(plan, t, m.name)]
         # stopping at its first kill, a mutant runs at most its declared killers (more only if it survives them)
         total = len(registered) * len(props) if all_properties else sum(len(m.killed_by) for m in registered)
         with Printer(t, total, out, quiet=True) as printer:
-            results = runner.kill_mutants(t, profile=profile, jobs=jobs, progress=printer,
-                                          all_properties=all_properties)
+            results = scale.kill_mutants(t, plan, profile=profile, jobs=jobs, progress=printer,
+                                         all_properties=all_properties)
         for result in results:
             killed, status = runner.mutant_status(result)
             print(f"{t:<18} {result.name:<32} {status}\n{'':<18} bug: {result.info.get('bug', '?')}", file=out,
@@ -359,14 +382,16 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
         document = verdicts_document(t, profile, results, time.perf_counter() - started, kind="mutants")
         if score:
             with Printer(t, len(registered), out, quiet=True) as printer:
-                thorough = runner.kill_mutants(t, profile="thorough", jobs=jobs, progress=printer, all_properties=False)
+                thorough = scale.kill_mutants(t, plan, profile="thorough", jobs=jobs, progress=printer,
+                                              all_properties=False)
             document["score"] = mutant_score(results, thorough)
             scores.append((t, document["score"]))
         documents.append(document)
     if score:
         _print_score(scores, profile, out)
-    _write_json(json_path, {"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION, "kind": "mutants",
-                            **provenance.run_info(profile), "techniques": documents})
+    _write_json(json_path, scale.annotate({"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION,
+                                           "kind": "mutants", **provenance.run_info(profile), "techniques": documents},
+                                          plan))
     print(f"\n{len(survivors)} mutant(s) survived" + (f": {', '.join(survivors)}" if survivors else ""), file=out)
     for why, names in not_run.items():
         print(f"{len(names)} mutant(s) not run here, {why}: {', '.join(names)}", file=out)
@@ -413,17 +438,18 @@ def cmd_run(args) -> int:
     start = time.perf_counter()
     root = provenance.output_root()
     summary, status = [], 0
+    scale = _scale(args)
     print(f"results of this run: {root} (machine {provenance.machine_name()}, commit {provenance.commit()})")
     with provenance.staged(root / "verdicts") as verdicts:  # replaced whole at the end: never old and new mixed
         for t in sorted(load_techniques()):
             print(f"\n=== check {t} ===", flush=True)
             rc = check(t, names=[], plugins=[], properties=[], profile=args.profile, jobs=args.jobs,
-                       json_path=str(verdicts / f"{t}.json"))
+                       json_path=str(verdicts / f"{t}.json"), scale=scale)
             summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
             status |= rc
         print("\n=== mutants ===", flush=True)
         rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
-                     json_path=str(verdicts / "mutants.json"))
+                     json_path=str(verdicts / "mutants.json"), scale=scale)
         not_here = [m for t in load_techniques() for m in impls(t, mutants=True) if m.unavailable]
         summary.append(("mutants killed", ("ok" if rc == 0 else "SURVIVORS")
                         + (f" ({len(not_here)} not run here: {'; '.join(sorted({m.unavailable for m in not_here}))})"

@@ -57,6 +57,7 @@ themselves are the floor: every path to a round's last draw is run once, and eve
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import pickle
@@ -173,7 +174,7 @@ def exact_distribution(
     sampler: Callable, target: LM, draft: LM | None, prompt: Sequence[int], *, gamma: int, T: int,
     eos: int | None = None, merge: bool = True, progress: bool = False, workers: int | None = None,
     parallel_after_runs: int = PARALLEL_AFTER_RUNS, deadline_s: float | None = None, budget_rule: bool = True,
-    **kwargs,
+    pool: Callable | None = None, **kwargs,
 ) -> Enumeration:
     """The exact distribution of the first T tokens ``sampler`` generates (a budget of T tokens).
 
@@ -183,17 +184,20 @@ def exact_distribution(
     distribution, summed in another order; a sampler's exception is raised here with the worker's
     traceback as its cause.  Past ``deadline_s`` seconds it raises `EnumerationTooSlow`; at the first round
     that drafts past its budget, `DraftsPastBudget` (``budget_rule=False`` enumerates such a sampler anyway).
+    ``pool(workers, recipe)`` replaces the forked processes with another pool of the same interface (`_Workers`):
+    `harness.engine.enumeration_pool.RayPool` sends the split to a Ray cluster, where ``recipe()`` builds the
+    enumerator whose `_Enumerator.task` a worker runs.
     """
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"exact_distribution: workers must be an int >= 1, got {workers!r}")
-    if not can_fork() or is_remote(sampler):  # the one check, for a default or a requested count alike
-        workers = 1  # (a sampler in its own process runs its batches there: no fork of it from here)
+    if is_remote(sampler) or (pool is None and not can_fork()):  # the one check, for a default or requested count
+        workers, pool = 1, None  # (a sampler in its own process runs its batches there: no fork of it from here)
 
     name = getattr(sampler, "__qualname__", repr(sampler))
     runner = runner_of(sampler, target, draft, eos, merge, budget_rule, dict(gamma=gamma, eos=eos, **kwargs))
     enumerator = _Enumerator(runner, target, eos, merge, workers, parallel_after_runs, progress,
-                             _Deadline(name, deadline_s))
+                             _Deadline(name, deadline_s), pool=pool)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thousands of tiny model calls: a thread pool costs more than it saves
     try:
@@ -250,14 +254,16 @@ class _Enumerator:
     finished outputs with the distributions of the round states its cut runs lead to."""
 
     def __init__(self, runner: Callable, target: LM, eos: int | None, merge: bool, workers: int,
-                 parallel_after_runs: int, progress: bool, deadline: _Deadline, count_calls: bool = False) -> None:
+                 parallel_after_runs: int, progress: bool, deadline: _Deadline, count_calls: bool = False,
+                 pool: Callable | None = None) -> None:
         """``runner(clock)`` makes the `PathRunner` (or `RemoteRunner`) that runs the sampler along paths."""
         self.eos, self.merge, self.parallel_after_runs = eos, merge, parallel_after_runs
         self.clock, self.deadline, self.count_calls = _Clock(), deadline, count_calls
         self.runner = runner(self.clock)
         self.patterns: dict[tuple, bool | None] = {}  # a round state's last-draw patterns -> confirmed by a run?
         self.vocab_size = target.vocab_size
-        self.pool = _Workers(workers, self.task)
+        self.pool = _Workers(workers, self.task) if pool is None else pool(workers, functools.partial(
+            _Enumerator, runner, target, eos, merge, 1, parallel_after_runs, False, _Deadline(deadline.name, None)))
         self.rounds: dict[tuple[tuple[int, ...], int], _Round] = {}  # a round state's own runs
         self.table: dict[tuple[tuple[int, ...], int], dict] = {}  # a round state's composed distribution
         self.bar = progress_bar(desc="enumerating", unit="runs", enabled=progress, mininterval=1.0)
@@ -525,9 +531,14 @@ def _start_worker() -> None:
 
 
 def _work(task: tuple):
-    """A worker's entry point: ("ok", result) or ("error", exception, formatted traceback)."""
+    """A forked worker's entry point."""
+    return run_task(_JOB, task)
+
+
+def run_task(job: Callable, task: tuple):
+    """("ok", job(*task), "") or ("error", exception, formatted traceback): what a worker sends back."""
     try:
-        return "ok", _JOB(*task), ""
+        return "ok", job(*task), ""
     except BaseException as exc:  # noqa: BLE001 - everything a sampler raises travels back to the caller
         text = traceback.format_exc()
         try:
@@ -567,21 +578,26 @@ class _Workers:
 
     def map(self, tasks: list, clock: _Clock, ordered: bool = False) -> Iterator:
         """The tasks' results, the time spent waiting for them on ``clock``."""
-        results = (self.pool.imap if ordered else self.pool.imap_unordered)(_work, tasks)
-        while True:
-            start = time.perf_counter()
-            status, result, text = next(results, (None, None, None))
-            clock.waiting += time.perf_counter() - start
-            if status is None:
-                return
-            if status == "error":
-                raise result from _RemoteTraceback(text)
-            yield result
+        return results_of((self.pool.imap if ordered else self.pool.imap_unordered)(_work, tasks), clock)
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
+
+
+def results_of(results: Iterator, clock: _Clock) -> Iterator:
+    """The results of `run_task` in a pool's order, an error re-raised with the worker's traceback as its cause;
+    the time spent waiting for them on ``clock``."""
+    while True:
+        start = time.perf_counter()
+        status, result, text = next(results, (None, None, None))
+        clock.waiting += time.perf_counter() - start
+        if status is None:
+            return
+        if status == "error":
+            raise result from _RemoteTraceback(text)
+        yield result
 
 
 def first_round(

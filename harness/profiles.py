@@ -31,4 +31,9 @@ def load(name: str, prefix: str = "") -> None:
     if name not in PROFILES:
         raise ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {name!r}")
     register_profiles(prefix)
+    from harness.engine.exampledb import from_environment
+
+    shared = from_environment()  # a Redis example database, where HARNESS_EXAMPLE_DB names one
+    if shared is not None:
+        settings.register_profile(f"{prefix}{name}", settings.get_profile(f"{prefix}{name}"), database=shared)
     settings.load_profile(f"{prefix}{name}")

@@ -317,12 +317,15 @@ def check(technique: str, targets: list[Target], *, profile: str, properties: li
 
 
 def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progress | None = None,
-                 all_properties: bool = False, limits: isolation.Limits | None = None) -> list[ImplResult]:
-    """Every registered mutant of ``technique`` against its properties, its declared killers first, stopping at
-    the first that kills it for its reason (``all_properties``: every property, the whole kill matrix)."""
+                 all_properties: bool = False, limits: isolation.Limits | None = None,
+                 names: list[str] | None = None) -> list[ImplResult]:
+    """Every registered mutant of ``technique`` (or those ``names``) against its properties, its declared killers
+    first, stopping at the first that kills it for its reason (``all_properties``: every property, the whole kill
+    matrix)."""
     from harness.registry import impls
 
-    targets = [Target(technique, name=m.name) for m in impls(technique, mutants=True)]
+    targets = [Target(technique, name=m.name) for m in impls(technique, mutants=True)
+               if names is None or m.name in names]
     names = [p.name for p in properties_of(technique)]
 
     def job(target: Target) -> Callable[[], None]:
