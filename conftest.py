@@ -17,9 +17,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import settings
 
-from harness.profiles import register_profiles
+from harness.profiles import fixed_constants, register_profiles
 
 register_profiles()
+fixed_constants()  # the same ci draws in every worker and every run (harness/profiles.py)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from harness import provenance
 from harness.bench import results as results_paths
+from harness.engine import inputs
 
 ROOT = provenance.ROOT
 
@@ -143,7 +144,7 @@ def suite(refresh: bool = False) -> dict:
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(found, path)
         stamp.write_text(here)
-    return json.loads(path.read_text())
+    return inputs.asv_benchmarks(path)
 
 
 def _code_stamp() -> str:

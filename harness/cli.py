@@ -173,9 +173,21 @@ def _scale(args) -> scale_out.Scale:
 def validate(args: argparse.Namespace) -> None:
     """UsageError naming the first bad argument and what it expects (compare and gate check their own commits and
     patterns: harness.compare.validate)."""
-    for concern in (_profile, _valid_counts, _valid_names, _valid_entry_points, _valid_reproduce, _valid_sections,
-                    _valid_outputs):
+    for concern in (_example_db, _profile, _valid_counts, _valid_names, _valid_entry_points, _valid_reproduce,
+                    _valid_sections, _valid_outputs):
         concern(args)
+
+
+def _example_db(args: argparse.Namespace) -> None:
+    """--example-db, set (and its server reached) before the profile is loaded: a property module imported to check
+    a name builds its @settings from the profile then, database included."""
+    if getattr(args, "example_db", None):
+        from harness.engine import exampledb
+
+        try:
+            exampledb.configure(args.example_db, args.example_db_write)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
 
 def _profile(args: argparse.Namespace) -> None:

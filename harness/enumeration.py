@@ -191,6 +191,7 @@ def exact_distribution(
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"exact_distribution: workers must be an int >= 1, got {workers!r}")
+    sampler, kwargs = unwrapped(sampler, kwargs)
     if is_remote(sampler) or (pool is None and not can_fork()):  # the one check, for a default or requested count
         workers, pool = 1, None  # (a sampler in its own process runs its batches there: no fork of it from here)
 
@@ -211,6 +212,15 @@ def exact_distribution(
     return Enumeration(result, enumerator.runs, len(enumerator.table), enumerator.model_calls(), seconds,
                        enumerator.pool.n if enumerator.pool.started else 1, enumerator.settled,
                        enumerator.clock.split(seconds))
+
+
+def unwrapped(sampler: Callable, kwargs: dict) -> tuple[Callable, dict]:
+    """A ``functools.partial`` of a sampler in the implementation's process, as that sampler and its keywords (its
+    runs then go there in batches; a partial run here would call it once per run, the enumerator's own
+    exceptions crossing the boundary)."""
+    if isinstance(sampler, functools.partial) and is_remote(sampler.func) and not sampler.args:
+        return sampler.func, {**sampler.keywords, **kwargs}
+    return sampler, kwargs
 
 
 def runner_of(sampler: Callable, target: LM, draft: LM | None, eos: int | None, merge: bool, budget_rule: bool,

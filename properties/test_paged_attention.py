@@ -58,6 +58,8 @@ def test_decode_matches_contiguous_attention(impl, data):
     check_against_contiguous(impl, case)
 
 
+V2_PARTITION = 512  # vLLM's paged attention V2 reduces over partitions of 512 tokens (Kwon et al. 2023)
+
 @given(data=st.data())
 def test_large_logits_stay_finite_and_correct(impl, data):
     """Scores of magnitude 1e3-1e4 (q scaled up) must not overflow: the running max is subtracted first, the
@@ -65,7 +67,8 @@ def test_large_logits_stay_finite_and_correct(impl, data):
     In every declared dtype: a half-precision kernel carries scores in float32 (the contract)."""
     long = data.draw(st.booleans(), label="decode past one partition")
     case = data.draw(paged_attention_cases(dtypes=impl.dtypes, devices=available(impl.devices),
-                                           max_len=1100 if long else 130, decode=True if long else None,
+                                           max_len=1100 if long else 130, min_len=V2_PARTITION + 1 if long else 1,
+                                           decode=True if long else None,
                                            magnitude=st.floats(1e3, 1e4), wide=False), label="case")
     check_against_contiguous(impl, case)
 

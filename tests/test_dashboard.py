@@ -231,8 +231,8 @@ def test_overview_keeps_machines_apart_and_marks_only_significant_steps(tmp_path
             entry.update(result=[v, None], params=[["'cpu'", "'cuda'"]], version="v", stats_q_25=[v - 0.01, None],
                          stats_q_75=[v + 0.01, None], stats_repeat=[3, None])
             (tmp_path / machine / f"c{i}-env.json").write_text(json.dumps({
-                "commit_hash": f"c{i}" * 10, "env_name": "env", "date": 1000 * i, "result_columns": COLUMNS,
-                "results": {bench: [entry[c] for c in COLUMNS]}}))
+                "version": 2, "commit_hash": f"c{i}" * 10, "env_name": "env", "date": 1000 * i,
+                "result_columns": COLUMNS, "results": {bench: [entry[c] for c in COLUMNS]}}))
     suite = {bench: {"version": "v", "param_names": ["device"], "unit": "x"}}
     steps = [{"machine": "vm-a", "benchmark": bench, "params": ["cpu"], "after": "c1" * 10,
               "compare": {"verdict": verdict, "ratio": 1.2}} for verdict in ("higher", "same")]

@@ -14,11 +14,10 @@ the longest shard's, and ``shards`` saying where and how long each ran.  Exit 1 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from harness import provenance
+from harness.engine import inputs, outputs
 
 
 class MergeError(Exception):
@@ -48,13 +47,14 @@ def merge_paths(shards: list[Path], out: Path, failing: tuple[str, ...]) -> int:
         if not names:
             raise MergeError(f"no verdicts documents (*.json) in {', '.join(map(str, shards))}")
         status = 0
+        out.mkdir(parents=True, exist_ok=True)
         for name in names:
             status |= merge_paths([p / name for p in shards], out / name, failing)
         return status
     if any(p.is_dir() for p in shards):
         raise MergeError("give either documents or folders of them, not both")
     merged = merge([(str(p), _read(p)) for p in shards])
-    provenance.write_json(out, merged)
+    outputs.write_json(out, merged)
     found = failures(merged, failing)
     print(f"{out}: {len(shards)} shards joined, {_count(merged)} verdicts"
           + (f"; {len(found)} failing: {', '.join(found[:10])}" if found else ""))
@@ -63,9 +63,9 @@ def merge_paths(shards: list[Path], out: Path, failing: tuple[str, ...]) -> int:
 
 def _read(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise MergeError(f"{path}: not a readable verdicts document ({exc})") from None
+        return inputs.verdicts(path)  # validated as every verdicts document the harness reads back
+    except inputs.BadFile as exc:
+        raise MergeError(str(exc)) from None
 
 
 def merge(documents: list[tuple[str, dict]]) -> dict:

@@ -176,17 +176,19 @@ def block_sizes(wide: bool) -> st.SearchStrategy[int]:
 
 @st.composite
 def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
-                          max_len: int = 200, decode: bool | None = None,
+                          max_len: int = 200, min_len: int = 1, decode: bool | None = None,
                           magnitude: st.SearchStrategy[float] | None = None, wide: bool = True,
                           offset: st.SearchStrategy[float] | None = None,
                           past_grid: bool = False) -> PagedAttentionCase:
     """``wide``: real head groupings (head_counts), head dims 96-256 and blocks of 128 and 256 tokens as
     well (off for properties whose reference grows with H * Nq * Nk * d).  ``offset``: logits far below 0,
     with a nonzero scale (the offset is put in through it).  ``past_grid``: one draw in PAST_GRID is one
-    decode of more than 4096 one-token blocks (a table past 4096 entries), with d <= 8."""
+    decode of more than 4096 one-token blocks (a table past 4096 entries), with d <= 8.  ``min_len``: the first
+    sequence holds at least that many tokens (e.g. past one 512-token partition of V2's split)."""
     H, Hkv = draw(head_counts(real_groups=wide))
     B = draw(st.integers(1, 3))
-    seq_lens = tuple(draw(st.lists(lengths(max_len), min_size=B, max_size=B)))
+    first = lengths(max_len) if min_len <= 1 else st.integers(min_len, max_len)
+    seq_lens = (draw(first), *draw(st.lists(lengths(max_len), min_size=B - 1, max_size=B - 1)))
     shortest = min(seq_lens)
     nq = st.just(1) if decode else st.one_of(st.just(1), st.integers(1, shortest), st.just(shortest))
     Nq = draw(nq if decode is not False else st.integers(1, shortest))

@@ -35,7 +35,11 @@ BUGS = {
 KILLED_BY = {**{name: ("matches_reference",) for name in BUGS},
              "half_scores_unshifted": ("large_logits_stay_finite_and_correct",),
              "half_scores_rounded": ("large_logits_stay_finite_and_correct",),
-             "keys_past_4096_dropped": ("long_keys_and_wide_heads",)}
+             "keys_past_4096_dropped": ("long_keys_and_wide_heads",),
+             # wrong only where three draws meet (Nq == Nk, H == Hkv, k or v in another layout than q): every law
+             # that compares values over the drawn cases has its chance at it
+             "square_packed_qkv": ("matches_reference", "rows_are_convex_combinations_of_values",
+                                   "key_value_permutation_invariance")}
 HALF = (torch.float16, torch.bfloat16)
 
 
