@@ -1,7 +1,7 @@
 """This project's own pytest runs: Hypothesis profiles by their plain names, one thread per xdist worker.
 
 Choose a profile with ``--hypothesis-profile dev|ci|thorough`` (default: dev, or ci when CI is set).  A test
-taking ``impl`` is parametrized over the registry by the harness's pytest plugin (harness/pytest_plugin.py,
+taking ``impl`` is parametrized over the registry by the harness's pytest plugin (harness/engine/pytest_plugin.py,
 loaded through its ``pytest11`` entry point); where a property does not apply (a dtype or device not declared,
 an asymmetric quantizer for the absmax round trip...) the case is a visible skip with the reason, as
 `harness check` reports it (`pytest -rs` lists them).  Mutants are exercised by tests/test_mutants.py.
@@ -17,15 +17,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from hypothesis import settings
 
-from harness.profiles import fixed_constants, register_profiles
+from llm_inference_harness.engine.profiles import fixed_constants, register_profiles
 
 register_profiles()
-fixed_constants()  # the same ci draws in every worker and every run (harness/profiles.py)
+fixed_constants()  # the same ci draws in every worker and every run (harness/engine/profiles.py)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each xdist worker gets one intra-op thread: two workers x two OpenMP threads on two cores
-    # spin-wait on each other (a 0.2 s call took 8 s that way).  The processes a test starts (`python -m harness`,
+    # spin-wait on each other (a 0.2 s call took 8 s that way).  The processes a test starts (`harness`,
     # the wheel's pytest, the docs' blocks) inherit one thread too: an example plugin's `check --jobs 1` took
     # 7.6 CPU seconds with two threads beside the other worker, 4.5 with one.
     torch.set_num_threads(1)

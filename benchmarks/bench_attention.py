@@ -26,7 +26,7 @@ from benchmarks.invariance_cost import alternating_ratio, fastest
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.attention")
+    require("llm_inference_harness.contracts.attention")
 
 
 IMPLS = [n for n in impl_names("attention") if n != "reference"]
@@ -231,14 +231,14 @@ class AttentionDecode:
 
 
 class ModelledHBMTraffic:
-    """HBM bytes the IO model (harness/iomodel.py) charges an implementation's loop order, fp32,
+    """HBM bytes the IO model (harness/analytic/iomodel.py) charges an implementation's loop order, fp32,
     B=1, H=8, N=2048, d=64, non-causal; implementations that declare no ``io`` loop order are n/a."""
 
     params = [IMPLS]
     param_names = ["impl"]
 
     def setup(self, impl):
-        from harness import iomodel
+        from llm_inference_harness.analytic import iomodel
 
         record = resolve_impl("attention", impl, torch.device("cpu"))
         B, H, N, d = 1, 8, 2048, 64
@@ -269,7 +269,7 @@ class BatchInvarianceCost:
     timeout = 600
 
     def setup(self, device):
-        from harness.registry import impls
+        from llm_inference_harness.engine.registry import impls
 
         self.device = resolve_device(device)
         g = torch.Generator().manual_seed(0)

@@ -3,7 +3,7 @@
 Every backward gets (o, L) from the same FlashAttention-2 forward (fa2_lse_64x64, which returns L),
 so time differences between implementations are differences of their backwards.  Peak memory: on
 CUDA the allocator's max_memory_allocated over the call; on CPU (no allocator statistics) the peak
-of live tensor bytes allocated by the call's aten ops (harness.memory.TensorMemory), which counts
+of live tensor bytes allocated by the call's aten ops (llm_inference_harness.engine.memory.TensorMemory), which counts
 every materialized (Nq, Nk) matrix.  B=1, H=8, d=64, fp32, not causal; the oracle is left out.
 On CUDA, KernelTflops sets the Triton backward against SDPA's at the forward's KernelTflops shapes.
 """
@@ -27,7 +27,7 @@ from benchmarks.common import (
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.attention_backward", "harness.memory")
+    require("llm_inference_harness.contracts.attention_backward", "llm_inference_harness.engine.memory")
 
 
 IMPLS = [n for n in impl_names("attention_backward") if n != "reference"]
@@ -66,7 +66,7 @@ class AttentionBackward:
             grads = self.backward(*args)
             torch.cuda.synchronize()
             return torch.cuda.max_memory_allocated() - before
-        from harness.memory import TensorMemory
+        from llm_inference_harness.engine.memory import TensorMemory
 
         with TensorMemory() as mem:
             grads = self.backward(*args)

@@ -1,4 +1,4 @@
-"""Time to verdict: `python -m harness check TECHNIQUE --plugin ...` for a plugin copy of a built-in implementation
+"""Time to verdict: `harness check TECHNIQUE --plugin ...` for a plugin copy of a built-in implementation
 (the example plugins of docs/examples/, which the README shows and the test suite checks), in the ci profile, as a
 user runs it: a fresh process, one checking process (--jobs 1).  Goal: <= 30 s each on a 2-core machine."""
 
@@ -13,11 +13,11 @@ from benchmarks.common import require
 ROOT = Path(__file__).resolve().parents[1]
 TECHNIQUES = ["attention", "attention_backward", "block_manager", "kvcache", "paged_attention", "quantization",
               "quantized_linear", "speculative"]
-CHECK = re.compile(r"python -m harness check (\w+) --plugin (docs/examples/\w+\.py:\w+)")
+CHECK = re.compile(r"harness check (\w+) --plugin (docs/examples/\w+\.py:\w+)")
 
 
 def setup(*params):
-    require("harness.runner")
+    require("llm_inference_harness.engine.runner")
 
 
 def example(technique: str) -> str:
@@ -40,7 +40,7 @@ class CheckPlugin:
 
     def track_check_seconds(self, technique):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "harness", "check", technique, "--plugin", self.spec,
+        done = subprocess.run([sys.executable, "-m", "llm_inference_harness", "check", technique, "--plugin", self.spec,
                                "--jobs", "1"], cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"check {technique} failed:\n{done.stdout[-2000:]}")

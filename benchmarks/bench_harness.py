@@ -1,8 +1,8 @@
-"""The harness measuring itself: a workload of known cost (harness.calibrated) timed as any benchmark is, and
-how well `harness.compare` tells copies of the repository apart whose workload costs 0, 5, 10 or 20% more.
+"""The harness measuring itself: a workload of known cost (llm_inference_harness.bench.calibrated) timed as any benchmark is, and
+how well `llm_inference_harness.bench.compare` tells copies of the repository apart whose workload costs 0, 5, 10 or 20% more.
 
 ComparisonPower runs for tens of minutes (every comparison starts two fresh workers); it is not in the quick
-pass.  `python -m harness.compare --power --comparisons 200` is the same measurement with more comparisons.
+pass.  `python -m llm_inference_harness.bench.compare --power --comparisons 200` is the same measurement with more comparisons.
 """
 
 import torch
@@ -12,14 +12,14 @@ from benchmarks.common import require
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.calibrated")
+    require("llm_inference_harness.bench.calibrated")
 
 
 class Calibrated:
-    """harness.calibrated.work on one thread: REPS x COST steps of (64 x 64) attention, ~5 ms."""
+    """llm_inference_harness.bench.calibrated.work on one thread: REPS x COST steps of (64 x 64) attention, ~5 ms."""
 
     def setup(self):
-        from harness.calibrated import inputs
+        from llm_inference_harness.bench.calibrated import inputs
 
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -29,7 +29,7 @@ class Calibrated:
         torch.set_num_threads(self.threads)
 
     def time_work(self):
-        from harness.calibrated import work
+        from llm_inference_harness.bench.calibrated import work
 
         work(self.x)
 
@@ -44,7 +44,8 @@ class ComparisonPower:
     COMPARISONS = 40
 
     def setup_cache(self):
-        from harness import compare, provenance
+        from llm_inference_harness.bench import compare
+        from llm_inference_harness.engine import provenance
 
         if provenance.checkout() is None:
             raise NotImplementedError("needs a git checkout of the repository to copy")
@@ -80,7 +81,7 @@ class BoundaryCall:
     param_names = ["case", "where"]
 
     def setup(self, case, where):
-        require("harness.engine.boundary")
+        require("llm_inference_harness.engine.boundary")
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as `harness check` runs both processes beside other checks: one thread each
         technique, name = {"attention": ("attention", "naive"), "block_manager_step": ("block_manager", "simple"),
@@ -94,21 +95,21 @@ class BoundaryCall:
             self.impl.fn.process.close()
 
     def _attention(self):
-        from harness.contracts.attention import call
+        from llm_inference_harness.contracts.attention import call
 
         q = torch.randn(1, 2, 16, 16)
         return lambda: call(self.impl, q, q, q, causal=True, scale=None)
 
     def _block_manager_step(self):
-        from harness.contracts.block_manager import NullStorage, open_manager
+        from llm_inference_harness.contracts.block_manager import NullStorage, open_manager
 
         manager, tokens = open_manager(self.impl, 64, 4, NullStorage(), timed=False), list(range(10))
         return lambda: (manager.allocate(0, tokens), manager.free(0))
 
     def _enumeration(self):
-        from harness.enumeration import exact_distribution
-        from harness.lm import TableLM
-        from harness.strategies.speculative import probability_table
+        from llm_inference_harness.sampling.enumeration import exact_distribution
+        from llm_inference_harness.sampling.lm import TableLM
+        from llm_inference_harness.strategies.speculative import probability_table
 
         g = torch.Generator().manual_seed(0)
         target, draft = (TableLM(probability_table(6, 1, z, g)) for z in (0.0, 0.3))
@@ -120,8 +121,8 @@ class BoundaryCall:
 
 def _opened(technique: str, name: str, where: str):
     """The registered implementation, in its own process (as `harness check` runs it) or in this one."""
-    from harness.registry import get
-    from harness.runner import Target, open_isolated
+    from llm_inference_harness.engine.registry import get
+    from llm_inference_harness.engine.runner import Target, open_isolated
 
     if where == "in_process":
         return get(technique, name)

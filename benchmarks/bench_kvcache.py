@@ -17,13 +17,13 @@ from benchmarks.invariance_cost import alternating_ratio, fastest
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.kvcache", "harness.models.gpt")
+    require("llm_inference_harness.contracts.kvcache", "llm_inference_harness.models.gpt")
 
 
 def decoder_caches() -> list[str]:
     """The caches of the decoder protocol (the tiny GPT's): a model-protocol implementation brings its own model."""
     try:
-        from harness.registry import impls
+        from llm_inference_harness.engine.registry import impls
     except ImportError:  # an older commit without the harness: asv skips, nothing crashes
         return []
     return [i.name for i in impls("kvcache") if getattr(i.caps, "speaks", "decoder") == "decoder"
@@ -36,7 +36,7 @@ VOCAB = 65
 
 def small_model(block_size: int = 1024, n_embd: int = 128):
     """The target's shape (d=128, 4 layers, ~0.8M parameters), or as wide as ``n_embd`` with 32-dim heads."""
-    from harness.models.gpt import GPT, GPTConfig
+    from llm_inference_harness.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     heads = n_embd // 32
@@ -201,7 +201,7 @@ class MemoryRoofline(OneThread):
     ROUNDS = 16
 
     def setup(self, impl, device):
-        from harness.models.gpt import GPT, GPTConfig
+        from llm_inference_harness.models.gpt import GPT, GPTConfig
 
         super().setup()
         resolve_device(device)
@@ -255,7 +255,7 @@ class BatchInvarianceCost(OneThread):
     STEPS = 16
 
     def setup(self, device):
-        from harness.registry import impls
+        from llm_inference_harness.engine.registry import impls
 
         super().setup()
         resolve_device(device)

@@ -13,7 +13,7 @@ from benchmarks.invariance_cost import alternating_ratio, fastest
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.paged_attention", "harness.simulator.report")
+    require("llm_inference_harness.contracts.paged_attention", "llm_inference_harness.analytic.simulator.report")
 
 
 PAGED = impl_names("paged_attention")
@@ -78,7 +78,7 @@ class ServingSimulator:
     timeout = 300
 
     def setup_cache(self):
-        from harness.simulator.report import run_scenario
+        from llm_inference_harness.analytic.simulator.report import run_scenario
 
         return {(m.policy, s): m for s in ("a", "b") for m in run_scenario(s)}
 
@@ -127,7 +127,7 @@ class BatchInvarianceCost:
     timeout = 600
 
     def setup(self, device):
-        from harness.registry import impls
+        from llm_inference_harness.engine.registry import impls
 
         self.device = resolve_device(device)
         _, self.paged = decode_inputs(1024, self.device)

@@ -13,7 +13,7 @@ from benchmarks.invariance_cost import alternating_ratio, fastest
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.quantization", "harness.quant_experiments")
+    require("llm_inference_harness.contracts.quantization", "llm_inference_harness.analytic.quant_experiments")
 
 
 def served(impl, bits: int, granularity: str | None = None, group_size: int | None = None):
@@ -37,7 +37,7 @@ def linear_dtype(impl) -> torch.dtype:
 
 
 def get_linear(name: str):
-    from harness.registry import get
+    from llm_inference_harness.engine.registry import get
 
     return get("quantized_linear", name)
 
@@ -61,7 +61,7 @@ class QuantizerError:
         self.w = 0.067 * torch.randn(512, 256, generator=torch.Generator().manual_seed(0))
 
     def track_max_error(self, impl, granularity, bits):
-        from harness.contracts.quantization import dequantize
+        from llm_inference_harness.contracts.quantization import dequantize
 
         gran, g = GRANULARITY[granularity]
         w_hat = dequantize(self.impl.fn(self.w, bits=bits, granularity=gran, group_size=g))
@@ -71,7 +71,7 @@ class QuantizerError:
 
     def track_rms_error(self, impl, granularity, bits):
         """Root-mean-square error over std(w): what the SNR estimate s^2 / 12 predicts."""
-        from harness.contracts.quantization import dequantize
+        from llm_inference_harness.contracts.quantization import dequantize
 
         gran, g = GRANULARITY[granularity]
         w_hat = dequantize(self.impl.fn(self.w, bits=bits, granularity=gran, group_size=g))
@@ -81,7 +81,7 @@ class QuantizerError:
 
     def track_bits_per_weight(self, impl, granularity, bits):
         """Storage including one 16-bit scale (and a b-bit zero point if asymmetric) per group."""
-        from harness.contracts.quantization import bits_per_weight
+        from llm_inference_harness.contracts.quantization import bits_per_weight
 
         gran, g = GRANULARITY[granularity]
         return bits_per_weight(bits, 256, gran, g, 512, zero_point=not self.impl.caps.symmetric)
@@ -162,9 +162,9 @@ class ModelNLL:
     timeout = 600
 
     def setup(self, scheme, bits):
-        from harness.models.world import corpus
-        from harness.models.zoo import WEIGHTS, load, test_corpus
-        from harness.quant_experiments import activation_quantized, weight_quantized
+        from llm_inference_harness.analytic.quant_experiments import activation_quantized, weight_quantized
+        from llm_inference_harness.models.world import corpus
+        from llm_inference_harness.models.zoo import WEIGHTS, load, test_corpus
 
         if not (WEIGHTS / "target.safetensors").exists():
             raise NotImplementedError("the target model's weights are not built")
@@ -178,7 +178,7 @@ class ModelNLL:
         self.docs = test_corpus(NLL_DOCS)
 
     def track_nll(self, scheme, bits):
-        from harness.models.zoo import nll_per_token
+        from llm_inference_harness.models.zoo import nll_per_token
 
         return nll_per_token(self.model, self.docs)
 
@@ -195,7 +195,7 @@ class BatchInvarianceCost:
     timeout = 600
 
     def setup(self, device):
-        from harness.registry import impls
+        from llm_inference_harness.engine.registry import impls
 
         self.device = resolve_device(device)
         g = torch.Generator().manual_seed(0)

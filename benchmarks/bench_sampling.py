@@ -3,7 +3,7 @@ against the sort-based one, and the exact enumeration of the V = 8 parameter gri
 
 Every row samples with temperature 0.8, top-k 50, top-p 0.9, min-p 0.05 and a repetition penalty of 1.1 on a
 64-token history (the parameters an implementation does not apply stay off).  Samplers draw through
-harness.lm.TorchRng, or from a seed when they declare rng="own"; processors (returns="probs") are timed processing.
+llm_inference_harness.sampling.lm.TorchRng, or from a seed when they declare rng="own"; processors (returns="probs") are timed processing.
 """
 
 import torch
@@ -14,7 +14,7 @@ from benchmarks.invariance_cost import alternating_ratio
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.sampling", "harness.references.sampling", "harness.strategies.sampling")
+    require("llm_inference_harness.contracts.sampling", "llm_inference_harness.references.sampling", "llm_inference_harness.strategies.sampling")
 
 
 IMPLS = impl_names("sampling")
@@ -26,8 +26,8 @@ VALUES = {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "min_p": 0.05, "repetit
 def workload(impl, vocab: int, batch: int, device: torch.device):
     """(call, logits, params): one call of the implementation on a seeded batch; NotImplementedError past its
     declared vocabulary."""
-    from harness.contracts.sampling import OFF, sampling_params
-    from harness.lm import TorchRng
+    from llm_inference_harness.contracts.sampling import OFF, sampling_params
+    from llm_inference_harness.sampling.lm import TorchRng
 
     if impl.caps.max_vocab and vocab > impl.caps.max_vocab:
         raise NotImplementedError(f"{impl.name} serves V <= {impl.caps.max_vocab}")
@@ -85,8 +85,8 @@ def _grid_enumeration(impl):
     """Seconds and sampler runs to enumerate every point of the V = 8 parameter grid exactly, point by point."""
     import time
 
-    from harness.enumeration import explore
-    from harness.strategies.sampling import parameter_grid
+    from llm_inference_harness.sampling.enumeration import explore
+    from llm_inference_harness.strategies.sampling import parameter_grid
 
     logits, params = parameter_grid(impl.caps.params)
     runs, start = 0, time.perf_counter()

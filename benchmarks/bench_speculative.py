@@ -1,7 +1,7 @@
 """Speculative decoding: enumeration cost, acceptance, tokens per target call, quality, wall-clock speedup, and
 the cost of a batch-invariant batch form.
 
-Tiny models: harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from harness/drafts.  Ratios
+Tiny models: llm_inference_harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from harness/sampling/drafts.  Ratios
 (speedup, c) are measured within one process, one setup, so that load on a shared machine cancels.
 """
 
@@ -13,7 +13,7 @@ from benchmarks.invariance_cost import alternating_ratio
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("harness.contracts.speculative", "harness.enumeration", "harness.lm")
+    require("llm_inference_harness.contracts.speculative", "llm_inference_harness.sampling.enumeration", "llm_inference_harness.sampling.lm")
 
 
 DRAFTS = ["draft_good", "draft_bad", "bigram", "trigram", "uniform", "prompt_lookup"]
@@ -27,8 +27,8 @@ def _enumerable() -> list[str]:
 
 
 def _models():
-    from harness.lm import GPTLM
-    from harness.models import zoo
+    from llm_inference_harness.models import zoo
+    from llm_inference_harness.sampling.lm import GPTLM
 
     try:
         return zoo, GPTLM(zoo.load("target"))
@@ -37,10 +37,10 @@ def _models():
 
 
 def _draft(name: str):
-    from harness.drafts.ngram import ngram, uniform
-    from harness.drafts.prompt_lookup import PromptLookup
-    from harness.lm import GPTLM
-    from harness.models import zoo
+    from llm_inference_harness.models import zoo
+    from llm_inference_harness.sampling.drafts.ngram import ngram, uniform
+    from llm_inference_harness.sampling.drafts.prompt_lookup import PromptLookup
+    from llm_inference_harness.sampling.lm import GPTLM
 
     V = zoo.tokenizer().vocab_size
     return {"draft_good": lambda: GPTLM(zoo.load("draft_good")), "draft_bad": lambda: GPTLM(zoo.load("draft_bad")),
@@ -72,8 +72,8 @@ def _tiny_models_seconds(fn, T: int) -> float:
 def _tiny_models_enumeration(fn, T: int):
     """The enumeration of the tiny target with draft_good at gamma 2 for the first T tokens, from a cold start
     (a fresh memo of the target's rows; workers as by default: none below PARALLEL_AFTER_RUNS runs)."""
-    from harness.enumeration import exact_distribution
-    from harness.lm import PerPrefix
+    from llm_inference_harness.sampling.enumeration import exact_distribution
+    from llm_inference_harness.sampling.lm import PerPrefix
 
     zoo, target = _models()
     return exact_distribution(fn, PerPrefix(target), _draft("draft_good"), [zoo.tokenizer().bos], gamma=2, T=T)
@@ -86,7 +86,7 @@ def _checked_goal_enumeration(fn):
     """The goal case's enumeration, once its distribution is the target's (a time is reported only for a right
     answer): the reference is computed afterwards, level by level in batched calls, so the timed run starts
     cold."""
-    from harness.enumeration import max_difference
+    from llm_inference_harness.sampling.enumeration import max_difference
 
     got = _tiny_models_enumeration(fn, T=3)
     zoo, target = _models()
@@ -115,20 +115,20 @@ class Enumeration:
     timeout = 600
 
     def setup(self, impl, device):
-        from harness.lm import TableLM
+        from llm_inference_harness.sampling.lm import TableLM
 
         try:
-            from harness.strategies.common import generator
-            from harness.strategies.speculative import probability_table
+            from llm_inference_harness.strategies.common import generator
+            from llm_inference_harness.strategies.speculative import probability_table
         except ImportError:  # before the strategies became one module per technique (a438844)
-            from harness.strategies import generator, probability_table
+            from llm_inference_harness.strategies import generator, probability_table
 
         self.fn = _enumerable_sampler(impl, device)
         g = generator(0)
         self.target, self.draft = (TableLM(probability_table(4, order, 0.3, g)) for order in (2, 1))
 
     def time_vocab4_gamma3_T4(self, impl, device):
-        from harness.enumeration import exact_distribution
+        from llm_inference_harness.sampling.enumeration import exact_distribution
 
         exact_distribution(self.fn, self.target, self.draft, [0], gamma=3, T=4)
 
@@ -172,7 +172,7 @@ class Acceptance:
     timeout = 600
 
     def setup(self, draft, gamma):
-        from harness.lm import TorchRng
+        from llm_inference_harness.sampling.lm import TorchRng
 
         self.zoo, self.target = _models()
         self.draft = _draft(draft)
@@ -180,7 +180,7 @@ class Acceptance:
         self.rng = TorchRng(0)
 
     def track_acceptance_rate(self, draft, gamma):
-        from harness.sampling import acceptance
+        from llm_inference_harness.sampling.measure import acceptance
 
         return acceptance(self.target, self.draft, self.docs)
 
@@ -191,7 +191,7 @@ class Acceptance:
         sampled from BOS to EOS (past EOS the models leave their training distribution).  Those are the
         formula's rounds: a document's last round is cut at EOS, and one whose draft ended the document drafts
         fewer, which at a = 0.98 and 26-token documents would cost a tenth of the tokens per call at gamma 8."""
-        from harness.sampling import BOS_TOKENS
+        from llm_inference_harness.sampling.measure import BOS_TOKENS
 
         cached, tok, rounds = _sampler(), self.zoo.tokenizer(), []
         for _ in range(20):
@@ -203,8 +203,8 @@ class Acceptance:
     track_tokens_per_call_measured.unit = "tokens/call"
 
     def track_tokens_per_call_formula(self, draft, gamma):
-        from harness.sampling import acceptance
-        from harness.speedup import tokens_per_call
+        from llm_inference_harness.sampling.measure import acceptance
+        from llm_inference_harness.sampling.speedup import tokens_per_call
 
         return tokens_per_call(acceptance(self.target, self.draft, self.docs), gamma)
 
@@ -227,14 +227,14 @@ class Grammaticality:
         self.zoo, self.target = _models()
 
     def track_grammatical_fraction(self, sampler):
-        from harness.sampling import BOS_TOKENS
+        from llm_inference_harness.sampling.measure import BOS_TOKENS
 
         zoo = self.zoo
         if sampler == "draft_bad_alone":
             return zoo.grammatical_fraction(zoo.sample(zoo.load("draft_bad"), self.N_DOCS, seed=1))
         if sampler == "target_alone":
             return zoo.grammatical_fraction(zoo.sample(zoo.load("target"), self.N_DOCS, seed=1))
-        from harness.lm import TorchRng
+        from llm_inference_harness.sampling.lm import TorchRng
 
         cached, tok, draft, rng = _sampler(), zoo.tokenizer(), _draft("draft_bad"), TorchRng(1)
         docs = [[tok.bos, *cached(self.target, draft, [tok.bos], gamma=2, max_new_tokens=BOS_TOKENS, rng=rng,
@@ -255,7 +255,7 @@ class WallClock:
     def setup(self, draft, gamma, device):
         import torch
 
-        from harness.lm import TorchRng
+        from llm_inference_harness.sampling.lm import TorchRng
 
         if resolve_device(device).type != "cpu":
             raise NotImplementedError("the tiny models' sessions run on the cpu")
@@ -266,13 +266,13 @@ class WallClock:
         self.rng, self.sampler = TorchRng, _sampler()
 
     def time_speculative(self, draft, gamma, device):
-        from harness.sampling import document
+        from llm_inference_harness.sampling.measure import document
 
         document(self.sampler, self.target, self.draft, gamma, self.rng(0), self.bos, self.eos)
 
     def track_speedup_measured(self, draft, gamma, device):
         """Plain time per token / speculative time per token over the documents of `run_documents`."""
-        from harness.sampling import document, run_documents, warm_up
+        from llm_inference_harness.sampling.measure import document, run_documents, warm_up
 
         samplers = [lambda rng, g=g: document(self.sampler, self.target, self.draft, g, rng, self.bos, self.eos)
                     for g in (0, gamma)]
@@ -288,7 +288,7 @@ class WallClock:
         comes and goes on a shared machine falls on both sides of every ratio."""
         import statistics
 
-        from harness.lm import session
+        from llm_inference_harness.sampling.lm import session
 
         def timer(lm, positions):
             s = session(lm)
@@ -307,8 +307,8 @@ class WallClock:
 
     def track_speedup_estimated(self, draft, gamma, device):
         """Leviathan et al.'s estimate: (1 - a^(g+1)) / ((1 - a)(1 + g c))."""
-        from harness.sampling import acceptance
-        from harness.speedup import speedup
+        from llm_inference_harness.sampling.measure import acceptance
+        from llm_inference_harness.sampling.speedup import speedup
 
         c, _ = self._step_costs(gamma)
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c)
@@ -324,8 +324,8 @@ class WallClock:
 
     def track_speedup_estimated_with_verify(self, draft, gamma, device):
         """The same estimate with the measured verify cost: (1 - a^(g+1)) / ((1 - a)(v + g c))."""
-        from harness.sampling import acceptance
-        from harness.speedup import speedup
+        from llm_inference_harness.sampling.measure import acceptance
+        from llm_inference_harness.sampling.speedup import speedup
 
         c, verify = self._step_costs(gamma)
         return speedup(acceptance(self.target, self.draft, self.zoo.test_corpus(20)), gamma, c, verify)
@@ -347,8 +347,8 @@ class TimePerToken:
     def setup(self, gamma, part):
         import torch
 
-        from harness.lm import TorchRng
-        from harness.sampling import Timed
+        from llm_inference_harness.sampling.lm import TorchRng
+        from llm_inference_harness.sampling.measure import Timed
 
         torch.set_num_threads(1)  # as in WallClock
         zoo, target = _models()
@@ -359,7 +359,7 @@ class TimePerToken:
 
     def track_microseconds_per_token(self, gamma, part):
         """Over the documents of `run_documents`, after the warm-up."""
-        from harness.sampling import document, run_documents, warm_up
+        from llm_inference_harness.sampling.measure import document, run_documents, warm_up
 
         samplers = [lambda rng: document(self.sampler, self.target, self.draft, gamma, rng, self.bos, self.eos)]
         warm_up(samplers, self.rng)
@@ -385,12 +385,12 @@ class BatchInvarianceCost:
     def setup(self, device):
         import torch
 
-        from harness.lm import TableLM, TorchRng
-        from harness.strategies.speculative import probability_table
+        from llm_inference_harness.sampling.lm import TableLM, TorchRng
+        from llm_inference_harness.strategies.speculative import probability_table
 
-        require("impls.speculative.batch_invariant")
-        from impls.speculative.batch_invariant import sample_rows
-        from impls.speculative.batched import speculative_batched
+        require("llm_inference_harness.impls.speculative.batch_invariant")
+        from llm_inference_harness.impls.speculative.batch_invariant import sample_rows
+        from llm_inference_harness.impls.speculative.batched import speculative_batched
 
         g = torch.Generator().manual_seed(0)
         target, draft = (TableLM(probability_table(16, 2, 0.3, g)) for _ in range(2))

@@ -53,7 +53,7 @@ def _typed(impl):
 def registered(technique: str) -> list:
     """Every registered non-mutant implementation (plugins included), capabilities read as attributes."""
     try:
-        from harness.registry import impls
+        from llm_inference_harness.engine.registry import impls
     except ImportError:  # an older commit without the harness: asv skips, nothing crashes
         return []
     return [_typed(i) for i in impls(technique)]
@@ -66,7 +66,7 @@ def impl_names(technique: str) -> list[str]:
 
 def resolve_impl(technique: str, name: str, device: torch.device, dtype: str = "float32"):
     """The implementation's function, or NotImplementedError (asv prints n/a) if it cannot run here."""
-    from harness.registry import REGISTRY, load_all
+    from llm_inference_harness.engine.registry import REGISTRY, load_all
 
     load_all()
     impl = REGISTRY.get((technique, name))
@@ -77,7 +77,7 @@ def resolve_impl(technique: str, name: str, device: torch.device, dtype: str = "
     if device.type not in impl.devices or dtype not in impl.dtypes:
         raise NotImplementedError(f"{name} declares devices {impl.devices} and dtypes {impl.dtypes}")
     if type(impl.fn).__name__ == "Elsewhere":  # another distribution's: timed from here, run in its own process
-        from harness.runner import Target, open_isolated
+        from llm_inference_harness.engine.runner import Target, open_isolated
 
         impl = open_isolated(Target(technique, name=name), one_thread=torch.get_num_threads() == 1)
     return _typed(impl)
@@ -90,8 +90,8 @@ def checked_at_scale(fn, q, k, v, *, causal: bool):
     """``fn(q, k, v)`` once at the benchmark's own size, ``SPOT_ROWS`` of its query rows (drawn with a fixed seed)
     compared with the float64 reference within the earned bound: a kernel that is fast because it is wrong at
     large sizes fails its benchmark (asv: failed) instead of getting a number.  Returns the output."""
-    from harness.references.attention import attention_rows
-    from harness.tolerance import assert_earned
+    from llm_inference_harness.engine.tolerance import assert_earned
+    from llm_inference_harness.references.attention import attention_rows
 
     out = fn(q, k, v, causal=causal)
     rows = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:SPOT_ROWS].sort().values

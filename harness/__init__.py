@@ -4,7 +4,7 @@ Users run the property tests, plug in their own implementation of a technique's 
 view asv dashboards.  See README.md.
 """
 
-from harness.plugins import declare
-from harness.registry import Impl, register
+from llm_inference_harness.engine.plugins import declare
+from llm_inference_harness.engine.registry import Impl, register
 
 __all__ = ["Impl", "declare", "register"]

@@ -1,7 +1,7 @@
-"""``python -m harness``: see harness/cli.py.  Ctrl-C while the harness is still starting exits 130 quietly too."""
+"""``harness``: see harness/cli.py.  Ctrl-C while the harness is still starting exits 130 quietly too."""
 
 try:
-    from harness.cli import main
+    from llm_inference_harness.cli import main
 
     raise SystemExit(main())
 except KeyboardInterrupt:

@@ -1,6 +1,6 @@
-"""Command line: ``python -m harness list | check | mutants | run | compare | gate | report``.
+"""Command line: ``harness list | check | mutants | run | compare | gate | report``.
 
-The checking itself is harness.runner's: each implementation runs in its own child process, so whatever a
+The checking itself is llm_inference_harness.engine.runner's: each implementation runs in its own child process, so whatever a
 plugin does becomes a verdict and the run goes on.  This module parses arguments, prints progress and the
 implementation x property matrix, and writes the JSON documents (schema: docs/verdicts.md).
 
@@ -20,12 +20,17 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from harness import profiles, provenance, runner
-from harness.contracts import load_techniques
-from harness.engine import outputs
-from harness.engine import scale as scale_out
-from harness.engine.inputs import VERDICTS_SCHEMA, UsageError
-from harness.registry import DISTRIBUTION, ENTRY_POINT_GROUP, LOAD_ERRORS, enable_entry_points, impls
+from llm_inference_harness.contracts import load_techniques
+from llm_inference_harness.engine import outputs, profiles, provenance, runner
+from llm_inference_harness.engine import scale as scale_out
+from llm_inference_harness.engine.inputs import VERDICTS_SCHEMA, UsageError
+from llm_inference_harness.engine.registry import (
+    DISTRIBUTION,
+    ENTRY_POINT_GROUP,
+    LOAD_ERRORS,
+    enable_entry_points,
+    impls,
+)
 
 SCHEMA = VERDICTS_SCHEMA
 MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip", "upstream": "upstr", "stale": "STALE"}
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             enable_entry_points(args.entry_points.split(","))
         return args.func(args)
     except UsageError as exc:  # a bad argument, output path or file read back (OutputError, BadFile)
-        print(f"python -m harness {args.command}: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"harness {args.command}: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted: every checking process was stopped; no verdict file was written", file=sys.stderr)
@@ -68,7 +73,7 @@ def _one_line(message: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m harness", description=__doc__.splitlines()[0])
+    p = _Parser(prog="harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     ls = sub.add_parser("list", help="techniques, implementations, capabilities, mutants")
@@ -115,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-report", action="store_true", help="skip writing the report")
     run.set_defaults(func=cmd_run)
 
-    from harness import compare
+    from llm_inference_harness.bench import compare
 
     cmp = sub.add_parser("compare", help="A/B: HEAD / BASE per benchmark case in interleaved rounds, with a 99%% "
                                          "interval and a verdict (or two implementations: --impls A B)")
@@ -135,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
                      "`run` does), keeping those a previous report measured")
     rep.set_defaults(func=cmd_report)
 
-    from harness.engine import merge
+    from llm_inference_harness.engine import merge
 
     mg = sub.add_parser("merge", help="join the verdicts documents of a run's shards into one (docs/scale.md)")
     merge.add_arguments(mg)
@@ -172,7 +177,7 @@ def _scale(args) -> scale_out.Scale:
 # each a no-op for a command without that argument, so a subcommand added later is checked for the flags it shares.
 def validate(args: argparse.Namespace) -> None:
     """UsageError naming the first bad argument and what it expects (compare and gate check their own commits and
-    patterns: harness.compare.validate)."""
+    patterns: llm_inference_harness.bench.compare.validate)."""
     for concern in (_example_db, _profile, _valid_counts, _valid_names, _valid_entry_points, _valid_reproduce,
                     _valid_sections, _valid_outputs):
         concern(args)
@@ -182,7 +187,7 @@ def _example_db(args: argparse.Namespace) -> None:
     """--example-db, set (and its server reached) before the profile is loaded: a property module imported to check
     a name builds its @settings from the profile then, database included."""
     if getattr(args, "example_db", None):
-        from harness.engine import exampledb
+        from llm_inference_harness.engine import exampledb
 
         try:
             exampledb.configure(args.example_db, args.example_db_write)
@@ -211,7 +216,7 @@ def _valid_names(args: argparse.Namespace) -> None:
     given = {flag: getattr(args, flag, None) or [] for flag in ("impl", "plugin", "property")}
     for flag, names in given.items():
         if any(not name.strip() for name in names):
-            raise UsageError(f"--{flag}: an empty name" + (f"; `python -m harness list {technique}` shows the "
+            raise UsageError(f"--{flag}: an empty name" + (f"; `harness list {technique}` shows the "
                                                            "implementations" if flag == "impl" else ""))
     if technique is not None:
         _targets(technique, given["impl"], given["plugin"])
@@ -267,7 +272,7 @@ def _valid_sections(args: argparse.Namespace) -> None:
     only = getattr(args, "only", None) or []
     if not only:
         return
-    from harness.report import section_titles
+    from llm_inference_harness.bench.report import section_titles
 
     titles = section_titles()
     for part in only:
@@ -276,7 +281,7 @@ def _valid_sections(args: argparse.Namespace) -> None:
 
 
 def _valid_outputs(args: argparse.Namespace) -> None:
-    """Every path the command will write, checked now rather than when a long run ends (harness.engine.outputs)."""
+    """Every path the command will write, checked now rather than when a long run ends (llm_inference_harness.engine.outputs)."""
     _valid_json_path(getattr(args, "json", None))
     if args.command == "run":
         _valid_results_folder()
@@ -352,7 +357,7 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
 
 def cmd_mutants(args) -> int:
     if args.machine_made:
-        from harness.engine import mutation
+        from llm_inference_harness.engine import mutation
 
         return mutation.run(Path(args.machine_made), techniques=[args.technique] if args.technique else None,
                             per_stratum=args.sample, seed=args.seed, profile=args.profile, jobs=args.jobs,
@@ -468,14 +473,14 @@ def cmd_run(args) -> int:
                            if not_here else "")))
         status |= rc
     if not args.no_bench:
-        from harness.quickbench import run_quick
+        from llm_inference_harness.bench.quickbench import run_quick
 
         print("\n=== quick benchmark pass and dashboard ===", flush=True)
         rc = run_quick()
         summary.append(("quick benchmarks + dashboard", "ok" if rc == 0 else "FAILED"))
         status |= rc
     if not args.no_report:
-        print("\n=== report (quick: `python -m harness report` adds the sections with sweeps of their own) ===",
+        print("\n=== report (quick: `harness report` adds the sections with sweeps of their own) ===",
               flush=True)
         rc = report(out=None, only=None, quick=True)
         summary.append(("report", "ok" if rc == 0 else "FAILED"))
@@ -488,7 +493,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from harness.quickbench import gate
+    from llm_inference_harness.bench.quickbench import gate
 
     return gate(args.base, args.head, args.bench)
 
@@ -498,7 +503,7 @@ def cmd_report(args) -> int:
 
 
 def report(*, out: Path | None, only: list[str] | None, quick: bool = False) -> int:
-    from harness.report import read_inputs, write_report
+    from llm_inference_harness.bench.report import read_inputs, write_report
 
     read_inputs(out)  # every file it reads back, validated before any section runs
     path = write_report(out=out, only=only, quick=quick)
@@ -537,7 +542,7 @@ def _targets(technique: str, names: list[str], plugins: list[str]) -> list[runne
     unknown = sorted(set(names) - known)
     if unknown:
         raise UsageError(f"no implementation {', '.join(unknown)} of {technique}; "
-                         f"`python -m harness list {technique}` shows them")
+                         f"`harness list {technique}` shows them")
     for spec in plugins:
         _check_plugin_spec(spec)
     targets = [runner.Target(technique, name=n) for n in names] + [runner.Target(technique, plugin=s) for s in plugins]

@@ -1,1 +1,1 @@
-"""Hypothesis property tests, one module per technique; also run by `python -m harness check`."""
+"""Hypothesis property tests, one module per technique; also run by `harness check`."""

@@ -9,9 +9,9 @@ sequence reads through its block table is the KV of its own prefix, no write int
 
 from hypothesis import strategies as st
 
-from harness.contracts.block_manager import open_manager
-from harness.strategies.block_manager import prompts
-from harness.strategies.block_manager_shadow import RecordingStorage
+from llm_inference_harness.contracts.block_manager import open_manager
+from llm_inference_harness.strategies.block_manager import prompts
+from llm_inference_harness.strategies.block_manager_shadow import RecordingStorage
 
 NOT_INTS = (1.5, "0", None)  # tokens the contract rejects: each would hash into the cache as another block
 

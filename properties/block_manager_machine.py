@@ -43,10 +43,16 @@ from hypothesis.stateful import (
     rule,
 )
 
-from harness.contracts.block_manager import guarded_batch
-from harness.strategies.block_manager import TOKEN_ALPHABET, appended_tokens, pool_geometries, prompts, token_lists
-from properties.block_manager_checks import BlockManagerChecks
-from properties.block_manager_steps import BlockManagerSteps, step
+from llm_inference_harness.contracts.block_manager import guarded_batch
+from llm_inference_harness.properties.block_manager_checks import BlockManagerChecks
+from llm_inference_harness.properties.block_manager_steps import BlockManagerSteps, step
+from llm_inference_harness.strategies.block_manager import (
+    TOKEN_ALPHABET,
+    appended_tokens,
+    pool_geometries,
+    prompts,
+    token_lists,
+)
 
 
 class BlockManagerMachine(BlockManagerSteps, BlockManagerChecks, RuleBasedStateMachine):

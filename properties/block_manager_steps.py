@@ -13,11 +13,11 @@ import functools
 from hypothesis import event
 from hypothesis.control import currently_in_test_context
 
-from harness.contracts.block_manager import OutOfBlocks, guarded_batch, open_manager
-from harness.guard import names_argument
-from harness.registry import Impl
-from harness.strategies.block_manager import PoolGeometry
-from harness.strategies.block_manager_shadow import Prefixes, ShadowStorage
+from llm_inference_harness.contracts.block_manager import OutOfBlocks, guarded_batch, open_manager
+from llm_inference_harness.engine.guard import names_argument
+from llm_inference_harness.engine.registry import Impl
+from llm_inference_harness.strategies.block_manager import PoolGeometry
+from llm_inference_harness.strategies.block_manager_shadow import Prefixes, ShadowStorage
 
 # The situations where bookkeeping bugs live, each with the fraction of the ci profile's programs that must reach it
 # (both machines run the same programs): tests/test_block_manager_reach.py checks these floors on both correct

@@ -1,39 +1,42 @@
 """Properties of exact attention (contract: harness/contracts/attention.py).
 
 Every test taking ``impl`` runs against each registered implementation (pytest, via conftest) and
-backs a column of ``python -m harness check attention``.  The merge laws at the end test the
+backs a column of ``harness check attention``.  The merge laws at the end test the
 (m, l, o) merge that all tiled kernels share.
 """
 
 import itertools
 
 import torch
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.contracts.attention import MEMORY_BUDGET, call, causal_allowed, declared_max_len
-from harness.devices import available
-from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
-from harness.memory import address_space_headroom
-from harness.online_softmax import Partial, finalize, identity, merge, partial
-from harness.references.attention import (
+from llm_inference_harness.contracts.attention import MEMORY_BUDGET, call, causal_allowed, declared_max_len
+from llm_inference_harness.engine.capabilities import applies
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.engine.guard import (
+    ContractViolation,
+    assert_rejected,
+    call_limit,
+    guarded_call,
+    names_argument,
+)
+from llm_inference_harness.engine.memory import address_space_headroom
+from llm_inference_harness.engine.tolerance import assert_earned, dtype_of, earned_bound, with_margin
+from llm_inference_harness.references.attention import (
     attention64,
     attention_lse64,
     attention_lse_plain,
     attention_plain,
-    attention_score_conditioning,
     large_logit_yardstick,
 )
-from harness.runner import applies
-from harness.strategies.attention import (
+from llm_inference_harness.strategies.attention import (
     BAD_CAUSAL,
     EMPTY_SHAPES,
     AttentionCase,
     attention_cases,
     long_cases,
-    score_blocks,
 )
-from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound, with_margin
 
 TECHNIQUE = "attention"
 
@@ -213,8 +216,6 @@ def test_nan_inputs_propagate(impl, data, where):
         f"(e.g. {touched[torch.isfinite(touched)][:3].tolist()}) where every entry reads it")
 
 
-
-
 def test_empty_shapes_give_empty_output(impl):
     """A dimension of size 0 is an answer, not an error: an output of q's shape, zeros where no key is seen."""
     dtype, device = dtype_of(impl.dtypes[0]), available(impl.devices)[0]
@@ -260,66 +261,3 @@ def test_rejects_bad_input(impl):
         with address_space_headroom(HEADROOM):
             assert_rejected(impl, f"{PAST_BUDGET_TOKENS} tokens past the memory budget", long, long, long,
                             causal=False, scale=None, names=("Nq", "Nk"), arg_names=("q", "k", "v"))
-
-
-# ---------------------------------------------------------------------------------------------
-# the (m, l, o) merge
-def _parts(s, v, cuts):
-    return [partial(s[:, a:b], v[a:b]) for a, b in itertools.pairwise(cuts)]
-
-
-def _close(a: Partial, b: Partial) -> None:
-    for x, y, what in zip(a, b, ("m", "l", "acc"), strict=True):
-        assert torch.equal(x.isinf(), y.isinf()), f"merge: {what} differs in which entries are infinite"
-        err = (x.nan_to_num(0, 0, 0) - y.nan_to_num(0, 0, 0)).abs().max().item()
-        scale = max(1.0, y.nan_to_num(0, 0, 0).abs().max().item())
-        assert err <= FLOAT64_IDENTITY * scale, f"merge: {what} off by {err:.3g}"
-
-
-@given(blocks=score_blocks())
-def test_merge_is_associative_and_commutative(blocks):
-    s, v, cuts = blocks
-    a, b, c = (_parts(s, v, cuts) + [identity(s.shape[:-1], v.shape[-1])] * 3)[:3]
-    _close(merge(merge(a, b), c), merge(a, merge(b, c)))
-    _close(merge(a, b), merge(b, a))
-
-
-@given(blocks=score_blocks())
-def test_merge_identity(blocks):
-    s, v, _ = blocks
-    p = partial(s, v)
-    _close(merge(p, identity(s.shape[:-1], v.shape[-1])), p)
-    _close(merge(identity(s.shape[:-1], v.shape[-1]), p), p)
-
-
-@given(blocks=score_blocks(), order_seed=st.integers(0, 2**31 - 1))
-@example(blocks=(torch.tensor([[1000.0, 999.0, 998.0, 10.0]], dtype=torch.float64),
-                 torch.eye(4, dtype=torch.float64), [0, 1, 3, 4]), order_seed=0)
-def test_blockwise_merge_in_any_order_is_softmax(blocks, order_seed):
-    """Merging per-block partials in a random order and finalizing gives softmax(s) v."""
-    s, v, cuts = blocks
-    parts = _parts(s, v, cuts)
-    order = torch.randperm(len(parts), generator=torch.Generator().manual_seed(order_seed)).tolist()
-    total = identity(s.shape[:-1], v.shape[-1])
-    for i in order:
-        total = merge(total, parts[i])
-    expected = torch.softmax(s, dim=-1).nan_to_num(0.0) @ v  # fully masked rows -> 0, per the contract
-    err = (finalize(total) - expected).abs().max().item()
-    assert err <= FLOAT64_IDENTITY, f"blockwise merge in order {order} is off softmax(s) v by {err:.3g}"
-
-
-@given(case=attention_cases(dtypes=("float16", "bfloat16", "float32"), max_len=40, magnitude=st.floats(1.0, 5e3)))
-@example(case=AttentionCase(B=1, H=3, Hkv=3, Nq=1, Nk=1, d=8, causal=False, scale=None, dtype="bfloat16", seed=0,
-                            magnitude=1000.0))  # found on an H200: e^(2 max|ds|) overflowed, 0 x inf gave a NaN bound
-def test_score_conditioning_is_finite_and_within_the_values_spread(case):
-    """The oracle's rounding term, which large-logit bounds add, is finite and no larger than the spread of the
-    values (any softmax weights give a convex combination of them) plus what weights off by a small factor
-    move (max |v|): 0 with one key, where e^(s - lse) is e^0 = 1 exactly."""
-    q, k, v = case.tensors()
-    bound = attention_score_conditioning(q, k, v, causal=case.causal, scale=case.scale)
-    v64 = v.double()
-    spread = (v64.amax(dim=2) - v64.amin(dim=2)).max().item()  # over all keys, per (batch, kv head, coordinate)
-    top = v64.abs().max().item()  # the normalizers' part: weights off by a factor rho << 1 of the |v| they scale
-    assert 0.0 <= bound <= spread + top, f"conditioning {bound} outside [0, spread of v + max |v| = {spread + top}]"
-    if case.Nk == 1:
-        assert bound == 0.0, f"conditioning {bound} with one key, where every formulation is exact"

@@ -1,7 +1,7 @@
 """Properties of the attention backward (contract: harness/contracts/attention_backward.py).
 
 Every test taking ``impl`` runs against each registered backward implementation (pytest, via conftest)
-and backs a column of ``python -m harness check attention_backward``.  The backward's inputs o and L come
+and backs a column of ``harness check attention_backward``.  The backward's inputs o and L come
 from the float64 forward, rounded as a forward in that dtype would deliver them; the truth is float64
 autograd at the same rounded q, k, v, dO.  The laws at the end (the D identity, L of every forward that
 declares returns_lse, the CPU memory meter) do not take an implementation of this technique.
@@ -14,20 +14,20 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.contracts.attention import MEMORY_BUDGET, declared_max_len, score_dtype
-from harness.contracts.attention_backward import call
-from harness.devices import available
-from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call
-from harness.memory import TensorMemory, address_space_headroom
-from harness.references.attention import attention64, attention_lse64
-from harness.references.attention_backward import (
+from llm_inference_harness.contracts.attention import MEMORY_BUDGET, declared_max_len, score_dtype
+from llm_inference_harness.contracts.attention_backward import call
+from llm_inference_harness.engine.capabilities import applies, needs_cap
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.engine.guard import ContractViolation, assert_rejected, call_limit, guarded_call
+from llm_inference_harness.engine.memory import TensorMemory, address_space_headroom
+from llm_inference_harness.engine.tolerance import assert_earned, dtype_of, earned_bound, with_margin
+from llm_inference_harness.references.attention import attention_lse64
+from llm_inference_harness.references.attention_backward import (
     attention_backward64,
     attention_backward_conditioning,
     attention_backward_plain,
-    attention_probs64,
 )
-from harness.runner import applies, needs_cap
-from harness.strategies.attention import (
+from llm_inference_harness.strategies.attention import (
     ARGUMENTS,
     BAD_CAUSAL,
     EMPTY_SHAPES,
@@ -35,8 +35,7 @@ from harness.strategies.attention import (
     attention_cases,
     long_cases,
 )
-from harness.strategies.attention_backward import fully_masked_cases, output_grad
-from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of, earned_bound, with_margin
+from llm_inference_harness.strategies.attention_backward import fully_masked_cases, output_grad
 
 TECHNIQUE = "attention_backward"
 MAX_LEN = 80  # covers the tile edges 16-17, 32-33, 47-49, 63-65, 79-80; the Python tile loops keep CI in budget
@@ -248,36 +247,3 @@ def test_rejects_bad_input(impl):
     lse = torch.randn(1, 2, 4)
     for causal in BAD_CAUSAL:
         assert_rejected(impl, f"causal={causal!r}", q, k, v, o, lse, do, causal=causal, scale=None, names=("causal",))
-
-
-# ---------------------------------------------------------------------------------------------
-# laws of the backward's building blocks
-@given(case=attention_cases(max_len=64))
-def test_delta_identity(case):
-    """D_i = sum_j P_ij dP_ij = dO_i . O_i (float64): why the backward needs only O, never the row of P."""
-    q, k, v = case.tensors()
-    do = output_grad(case)
-    (B, H, Nq, d), Hkv = q.shape, case.Hkv
-    p = attention_probs64(q, k, causal=case.causal, scale=case.scale)  # (B, Hkv, G, Nq, Nk)
-    dp = do.reshape(B, Hkv, H // Hkv, Nq, d) @ v[:, :, None].transpose(-1, -2)  # (B, Hkv, G, Nq, Nk)
-    from_p = (p * dp).sum(-1).reshape(B, H, Nq)  # (B, H, Nq)
-    from_o = (do * attention64(q, k, v, causal=case.causal, scale=case.scale)).sum(-1)  # (B, H, Nq)
-    err = (from_p - from_o).abs().max().item()
-    assert err <= FLOAT64_IDENTITY * max(1.0, from_o.abs().max().item()), f"D identity off by {err:.3g}"
-
-
-def test_tensor_memory_counts_live_bytes():
-    """The CPU memory meter behind the materialization property and the benchmark's peak memory: views and
-    in-place results allocate nothing, a storage is released when its last tensor (a view included) dies."""
-    x = torch.ones(300)
-    with TensorMemory() as mem:
-        a, b = torch.zeros(1000), torch.zeros(500)  # 4000 + 2000 bytes live: the peak
-        view = b[10:20].view(2, 5)
-        del a
-        c = torch.zeros(200) + x[:200]  # a temporary of 800 bytes, then the result's 800
-        x.add_(1)
-    assert (mem.peak, mem.largest, mem.live) == (6000, 4000, 2800)
-    del b
-    assert mem.live == 2800, "b's storage is still held by its view"
-    del view
-    assert mem.live == 800 and c.numel() == 200

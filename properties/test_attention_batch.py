@@ -5,16 +5,16 @@ tolerance) computed alone, inside a batch of drawn size and composition (other r
 before and after it), and in any permutation of that batch; and its queries cut into chunks, each with the
 keys its last query sees (a chunked prefill, or one decode step per query), give the bits of one call.
 For ``deterministic``: the same bits on a second run and at 1 and 2 intra-op threads.  The comparisons
-are harness/batch_invariance.py's, which also measures them where nothing is declared (the report).
+are harness/engine/batch_invariance.py's, which also measures them where nothing is declared (the report).
 """
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.batch_invariance import assert_same_bits, attention_comparisons, attention_determinism
-from harness.devices import available
-from harness.runner import needs_cap
-from harness.strategies.batch import attention_batches
+from llm_inference_harness.engine.batch_invariance import assert_same_bits, attention_comparisons, attention_determinism
+from llm_inference_harness.engine.capabilities import needs_cap
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.strategies.batch import attention_batches
 
 TECHNIQUE = "attention"
 

@@ -18,12 +18,29 @@ import pytest
 from hypothesis import Phase, example, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from harness.contracts.block_manager import MAX_BLOCKS, CountingStorage, NullStorage, OutOfBlocks, open_manager
-from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call, names_argument
-from harness.registry import Impl
-from harness.simulator.examples import block_size_waste, parallel_sampling, shared_prompt_answers
-from harness.strategies.block_manager import TOKEN_ALPHABET, EvictionProgram, PoolGeometry, eviction_programs
-from properties.block_manager_machine import machine_for
+from llm_inference_harness.analytic.simulator.examples import block_size_waste, parallel_sampling, shared_prompt_answers
+from llm_inference_harness.contracts.block_manager import (
+    MAX_BLOCKS,
+    CountingStorage,
+    NullStorage,
+    OutOfBlocks,
+    open_manager,
+)
+from llm_inference_harness.engine.guard import (
+    ContractViolation,
+    assert_rejected,
+    call_limit,
+    guarded_call,
+    names_argument,
+)
+from llm_inference_harness.engine.registry import Impl
+from llm_inference_harness.properties.block_manager_machine import machine_for
+from llm_inference_harness.strategies.block_manager import (
+    TOKEN_ALPHABET,
+    EvictionProgram,
+    PoolGeometry,
+    eviction_programs,
+)
 
 TECHNIQUE = "block_manager"
 

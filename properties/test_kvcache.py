@@ -13,20 +13,18 @@ properties/test_kvcache_models.py.
 import dataclasses
 from dataclasses import dataclass
 
-import pytest
 import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from harness.contracts import kvcache as contract
-from harness.contracts.kvcache import single_threaded
-from harness.guard import assert_rejected
-from harness.kvsize import CONFIGS, GB, GiB, KiB, bytes_per_token, cache_bytes, concurrent_requests
-from harness.references.kvcache import gpt_logits64, gpt_logits_plain
-from harness.registry import get
-from harness.runner import applies, needs_dtype
-from harness.strategies.kvcache import DecodeCase, decode_cases, relate
-from harness.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
+from llm_inference_harness.contracts import kvcache as contract
+from llm_inference_harness.contracts.kvcache import single_threaded
+from llm_inference_harness.engine.capabilities import applies, needs_dtype
+from llm_inference_harness.engine.guard import assert_rejected
+from llm_inference_harness.engine.registry import get
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY, assert_earned, dtype_of
+from llm_inference_harness.references.kvcache import gpt_logits64, gpt_logits_plain
+from llm_inference_harness.strategies.kvcache import DecodeCase, decode_cases, relate
 
 TECHNIQUE = "kvcache"
 decoder_protocol = contract.speaks("decoder")
@@ -340,26 +338,3 @@ def test_rejected_calls_leave_no_trace(impl, data):
             got, want = (contract.step(impl, d, model, tokens) for d in (decoder, twin))
             live = [n + 1 for n in live]
         assert_same_calls(impl, [got], [want], f"call {k} of {len(calls)} (after rejected ones)")
-
-
-# ---------------------------------------------------------------------------------------------
-# KV-cache sizes of real models (harness/kvsize.py) against published numbers
-def test_bytes_per_token_of_real_models():
-    assert bytes_per_token(CONFIGS["Llama-2-7B"], "fp16") == 512 * KiB  # MHA: 2 x 32 x 32 x 128 x 2
-    assert bytes_per_token(CONFIGS["Llama-3-8B"], "fp16") == 128 * KiB  # GQA, 8 kv heads
-    assert bytes_per_token(CONFIGS["Llama-3-70B"], "fp16") == 320 * KiB  # GQA, 80 layers
-
-
-def test_long_context_of_llama2_7b_is_64_gib():
-    size = cache_bytes(CONFIGS["Llama-2-7B"], 128 * 1024, "fp16")
-    assert size == 64 * GiB  # the folklore "64 GB" is binary; in decimal units it is 68.7 GB
-    assert round(size / GB, 1) == 68.7
-
-
-def test_concurrent_4k_requests_in_60_gib():
-    mha, gqa = CONFIGS["Llama-2-7B"], CONFIGS["Llama-3-8B"]
-    counts = [concurrent_requests(m, 60 * GiB, 4096, dt) for m, dt in ((mha, "fp16"), (gqa, "fp16"), (gqa, "int8"))]
-    assert counts == [30, 120, 240]
-    assert concurrent_requests(mha, 60 * GB, 4096, "fp16") == 27  # the same budget read as 60e9 bytes
-    with pytest.raises(ValueError, match="dtype"):
-        bytes_per_token(mha, "fp12")

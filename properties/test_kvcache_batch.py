@@ -12,9 +12,14 @@ For ``deterministic``: the same bits on a second run and at 1 and 2 intra-op thr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.batch_invariance import assert_same_bits, decode_comparisons, decode_determinism, threads
-from harness.runner import needs_cap
-from harness.strategies.batch import decode_schedules
+from llm_inference_harness.engine.batch_invariance import (
+    assert_same_bits,
+    decode_comparisons,
+    decode_determinism,
+    threads,
+)
+from llm_inference_harness.engine.capabilities import needs_cap
+from llm_inference_harness.strategies.batch import decode_schedules
 
 TECHNIQUE = "kvcache"
 

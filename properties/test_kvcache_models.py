@@ -7,7 +7,7 @@ multi-token chunks) equal the model's own float64 full forward at every split po
 batch equals its sequence alone; slots holding a pad or nothing yet, poisoned, never reach a logit; two caches of
 one model stay apart; a rejected call at any point of a decode leaves the cache as it was; greedy and seeded
 sampling draw the oracle's tokens; sequences run past the sliding window several times, or fill the cache.
-Every logit of every real token is compared, within the earned tolerance of the model's dtype (harness/tolerance.py).
+Every logit of every real token is compared, within the earned tolerance of the model's dtype (harness/engine/tolerance.py).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import torch
 from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 
-from harness.contracts import kvcache as contract
-from harness.contracts.kvcache import single_threaded
-from harness.guard import ContractViolation, assert_rejected, call_limit, guarded_call
-from harness.references.kvcache import KV_FORMATS, lm_forward
-from harness.runner import applies, needs_cap
-from harness.strategies.kvcache import ModelCase, model_cases, model_seeds
-from harness.tolerance import assert_earned, dtype_of, earned_bound
+from llm_inference_harness.contracts import kvcache as contract
+from llm_inference_harness.contracts.kvcache import single_threaded
+from llm_inference_harness.engine.capabilities import applies, needs_cap
+from llm_inference_harness.engine.guard import ContractViolation, assert_rejected, call_limit, guarded_call
+from llm_inference_harness.engine.tolerance import assert_earned, dtype_of, earned_bound
+from llm_inference_harness.references.kvcache import KV_FORMATS, lm_forward
+from llm_inference_harness.strategies.kvcache import ModelCase, model_cases, model_seeds
 
 TECHNIQUE = "kvcache"
 model_protocol = contract.speaks("model")

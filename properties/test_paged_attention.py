@@ -12,15 +12,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.contracts.attention import MEMORY_BUDGET
-from harness.contracts.paged_attention import call
-from harness.devices import available
-from harness.guard import ContractViolation, assert_rejected
-from harness.memory import address_space_headroom
-from harness.references.attention import attention64, attention_plain, large_logit_yardstick
-from harness.strategies.attention import BAD_CAUSAL
-from harness.strategies.paged_attention import paged_attention_blind_row_cases, paged_attention_cases
-from harness.tolerance import assert_earned, dtype_of
+from llm_inference_harness.contracts.attention import MEMORY_BUDGET
+from llm_inference_harness.contracts.paged_attention import call
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.engine.guard import ContractViolation, assert_rejected
+from llm_inference_harness.engine.memory import address_space_headroom
+from llm_inference_harness.engine.tolerance import assert_earned, dtype_of
+from llm_inference_harness.references.attention import attention64, attention_plain, large_logit_yardstick
+from llm_inference_harness.strategies.attention import BAD_CAUSAL
+from llm_inference_harness.strategies.paged_attention import paged_attention_blind_row_cases, paged_attention_cases
 
 TECHNIQUE = "paged_attention"
 

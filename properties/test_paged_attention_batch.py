@@ -4,16 +4,16 @@ For an implementation declaring ``batch_invariant``: sequence b's output is bit-
 alone and inside a batch of up to six sequences of other lengths (before and after it, over one shuffled,
 NaN-padded pool), and in any permutation of that batch; and its queries cut into chunks -- a chunked prefill,
 each chunk seeing the keys up to its last query -- give the bits of one call.  For ``deterministic``: the same
-bits on a second run and at 1 and 2 intra-op threads.  The comparisons are harness/batch_invariance.py's.
+bits on a second run and at 1 and 2 intra-op threads.  The comparisons are harness/engine/batch_invariance.py's.
 """
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.batch_invariance import assert_same_bits, paged_comparisons, paged_determinism
-from harness.devices import available
-from harness.runner import needs_cap
-from harness.strategies.batch import paged_batches
+from llm_inference_harness.engine.batch_invariance import assert_same_bits, paged_comparisons, paged_determinism
+from llm_inference_harness.engine.capabilities import needs_cap
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.strategies.batch import paged_batches
 
 TECHNIQUE = "paged_attention"
 

@@ -4,17 +4,16 @@ Quantization is approximate: nothing is compared with a float64 answer to roundi
 exactly, and is tested here, is the error bound of rounding to a grid (|w - w_hat| <= s/2), the code
 range, the exact round trip of the absmax element, idempotence, scale equivariance, the nesting of
 the bounds across granularities and the all-zero case.  Float rounding of the arithmetic is the
-("quantize", dtype) row of harness/tolerance.py.  Every case lies inside the formats the implementation
+("quantize", dtype) row of harness/engine/tolerance.py.  Every case lies inside the formats the implementation
 declares (bit widths, granularities, group sizes, code range, scale dtype and floor: the contract's
 QuantizationCaps); a property that needs an undeclared one skips, naming it.
 """
 
-import pytest
 import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from harness.contracts.quantization import (
+from llm_inference_harness.contracts.quantization import (
     GRANULARITIES,
     Quantized,
     call,
@@ -26,17 +25,17 @@ from harness.contracts.quantization import (
     scale_shape,
     step_per_element,
 )
-from harness.devices import available
-from harness.guard import assert_rejected
-from harness.references.quantization import (
+from llm_inference_harness.engine.capabilities import applies
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.engine.guard import assert_rejected
+from llm_inference_harness.engine.tolerance import TOLERANCES, dtype_of
+from llm_inference_harness.references.quantization import (
     declared_quantize64,
     float_zero_point_quantize64,
     quantize64,
     zero_point_quantize64,
 )
-from harness.runner import applies
-from harness.strategies.quantization import LONG_ROWS, QuantCase, long_row_cases, quant_cases
-from harness.tolerance import FLOAT64_IDENTITY, TOLERANCES, dtype_of
+from llm_inference_harness.strategies.quantization import LONG_ROWS, QuantCase, long_row_cases, quant_cases
 
 TECHNIQUE = "quantization"
 
@@ -417,45 +416,3 @@ def undeclared_formats(impl) -> dict:
         cases[f"excluded group size {excluded}"] = (lambda: torch.randn(4, 4 * excluded), {
             "bits": caps.bits[0], "granularity": "group", "group_size": excluded}, "group_size")
     return cases
-
-
-# ---------------------------------------------------------------------------------------------
-# outlier injection (harness/quant_experiments.py)
-@pytest.mark.parametrize(("seed", "channel", "factor"), [(0, 0, 10.0), (1, 17, 100.0), (2, 31, 1000.0)])
-def test_outlier_injection_preserves_the_function(seed, channel, factor):
-    """Scaling a LayerNorm channel by c and the next Linear's input column by 1/c leaves the logits
-    unchanged (float64), while that Linear's input gets a channel c times larger than before."""
-    from harness.models.gpt import GPT, GPTConfig
-    from harness.quant_experiments import block_linears, inject_outlier, input_absmax
-
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_kv_head=2, n_embd=32)).double().eval()
-    with torch.no_grad():
-        for p in model.parameters():  # LayerNorms start at (1, 0): make the injected bias matter too
-            p.add_(0.1 * torch.randn_like(p))
-    injected, _ = inject_outlier(model, layer=1, factor=factor, channel=channel)
-    idx = torch.randint(0, model.cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        before, after = model(idx), injected(idx)
-    err = (after - before).abs().max().item()
-    assert err <= FLOAT64_IDENTITY * max(1.0, before.abs().max().item()), f"injection changed the logits by {err:.3g}"
-    docs = idx.tolist()
-    ffn_in = next(i for i, (parent, name) in enumerate(block_linears(injected))
-                  if parent is injected.blocks[1].mlp and name == "0")
-    grown = input_absmax(injected, docs)[ffn_in][channel] / input_absmax(model, docs)[ffn_in][channel]
-    assert abs(grown.item() - factor) <= FLOAT64_IDENTITY * factor, \
-        f"the channel grew by {grown.item():.6g}, not {factor:g}"
-
-
-def test_outlier_injection_keeps_the_target_nll():
-    """SmoothQuant's equivalence (Xiao et al. 2023, Sec. 3) on the trained target: LayerNorm channel x100, FFN
-    column / 100, same NLL."""
-    from harness.models.zoo import WEIGHTS, load, nll_per_token, test_corpus
-    from harness.quant_experiments import inject_outlier
-
-    if not (WEIGHTS / "target.safetensors").exists():
-        pytest.skip("the target model's weights are not built (python -m harness.models.train)")
-    target, docs = load("target").double(), test_corpus(20)
-    injected, _ = inject_outlier(target)
-    before, after = nll_per_token(target, docs), nll_per_token(injected, docs)
-    assert abs(after - before) <= FLOAT64_IDENTITY * before, f"NLL moved from {before!r} to {after!r}"

@@ -11,10 +11,10 @@ calibration data) cannot declare it: a token's quantization then depends on the 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.batch_invariance import assert_same_bits, linear_comparisons, linear_determinism
-from harness.devices import available
-from harness.runner import needs_cap
-from harness.strategies.batch import linear_batches
+from llm_inference_harness.engine.batch_invariance import assert_same_bits, linear_comparisons, linear_determinism
+from llm_inference_harness.engine.capabilities import needs_cap
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.strategies.batch import linear_batches
 
 TECHNIQUE = "quantized_linear"
 

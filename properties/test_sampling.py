@@ -1,7 +1,7 @@
 """Properties of logits processing and samplers (contract: harness/contracts/sampling.py).
 
 The central one: what an implementation makes of each row -- its processed distribution, or a sampler's output
-distribution computed exactly by visiting every branch of its draws (harness/enumeration.py) -- equals the
+distribution computed exactly by visiting every branch of its draws (harness/sampling/enumeration.py) -- equals the
 float64 reference (harness/references/sampling.py) in the order and tie rule it declares, within the earned
 bound of its dtype, where a token whose keep-or-drop comparison sits within rounding of its threshold may go
 either way (`threshold_slack`).  The drawn cases count what they reach with `hypothesis.event` (`pytest
@@ -16,25 +16,25 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from harness.contracts.sampling import (
+from llm_inference_harness.contracts.sampling import (
     OFF,
     call,
     distribution_of,
     enumerated,
     sampling_params,
 )
-from harness.guard import assert_rejected
-from harness.lm import TorchRng
-from harness.references.sampling import distribution, kept, penalized, plain, processed, threshold_slack
-from harness.runner import applies
-from harness.statistical import DELTA, POWER, goodness_of_fit, sample_size
-from harness.strategies.sampling import (
+from llm_inference_harness.engine.capabilities import applies
+from llm_inference_harness.engine.guard import assert_rejected
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY, assert_earned, earned_bound
+from llm_inference_harness.references.sampling import distribution, kept, penalized, plain, processed, threshold_slack
+from llm_inference_harness.sampling.lm import TorchRng
+from llm_inference_harness.sampling.statistical import DELTA, POWER, goodness_of_fit, sample_size
+from llm_inference_harness.strategies.sampling import (
     companion_cases,
     parameter_grid,
     sampling_cases,
     without_repetition_penalty,
 )
-from harness.tolerance import FLOAT64_IDENTITY, assert_earned, earned_bound
 
 TECHNIQUE = "sampling"
 
@@ -181,7 +181,7 @@ def test_parameter_grid_exactly(impl):
 @applies(processor)
 def test_statistical_fit_large_vocabulary(impl):
     """Chi-square of one token from each of n identical rows (V = 256, every filter and penalty at work) against
-    the reference: detects a total-variation distance of DELTA with probability >= POWER (harness.statistical);
+    the reference: detects a total-variation distance of DELTA with probability >= POWER (llm_inference_harness.sampling.statistical);
     the tokens the reference gives fewer than 5 expected draws are pooled into one cell."""
     V = min(256, impl.caps.max_vocab or 256)
     g = torch.Generator().manual_seed(11)

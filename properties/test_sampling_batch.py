@@ -10,12 +10,12 @@ exact properties of properties/test_sampling.py.  He et al. 2025, "Defeating Non
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.batch_invariance import Comparison, assert_same_bits, threads
-from harness.contracts.sampling import call
-from harness.runner import applies, needs_cap
-from harness.strategies.batch import permutation
-from harness.strategies.common import seeds
-from harness.strategies.sampling import sampling_cases
+from llm_inference_harness.contracts.sampling import call
+from llm_inference_harness.engine.batch_invariance import Comparison, assert_same_bits, threads
+from llm_inference_harness.engine.capabilities import applies, needs_cap
+from llm_inference_harness.strategies.batch import permutation
+from llm_inference_harness.strategies.common import seeds
+from llm_inference_harness.strategies.sampling import sampling_cases
 
 TECHNIQUE = "sampling"
 

@@ -1,7 +1,7 @@
 """Properties of speculative samplers (contract: harness/contracts/speculative.py).
 
 The central one is exactness: the distribution of the first T generated tokens, computed by visiting
-every branch of the sampler's randomness (harness/enumeration.py), equals the target's autoregressive
+every branch of the sampler's randomness (harness/sampling/enumeration.py), equals the target's autoregressive
 distribution (harness/references/speculative.py) to FLOAT64_IDENTITY, for drawn targets and drafts of any
 shape.  The drawn cases count the situations they reach with `hypothesis.event` (`pytest
 --hypothesis-show-statistics`): under ci about a third of them draft two or more tokens a round from a
@@ -15,23 +15,29 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from harness.contracts.speculative import call
-from harness.enumeration import DraftsPastBudget, EnumerationTooSlow, exact_distribution, first_round, max_difference
-from harness.guard import ContractViolation, assert_rejected, guarded_call
-from harness.lm import TableLM, TorchRng
-from harness.references.speculative import autoregressive_distribution, greedy_tokens
-from harness.runner import applies
-from harness.speedup import acceptance_rate, best_gamma, speedup, tokens_per_call
-from harness.statistical import ALPHA, DELTA, POWER, goodness_of_fit, sample_size
-from harness.strategies.common import generator
-from harness.strategies.speculative import (
+from llm_inference_harness.contracts.speculative import call
+from llm_inference_harness.engine.capabilities import applies
+from llm_inference_harness.engine.guard import ContractViolation, assert_rejected, guarded_call
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.references.speculative import autoregressive_distribution, greedy_tokens
+from llm_inference_harness.sampling.enumeration import (
+    DraftsPastBudget,
+    EnumerationTooSlow,
+    exact_distribution,
+    first_round,
+    max_difference,
+)
+from llm_inference_harness.sampling.lm import TableLM, TorchRng
+from llm_inference_harness.sampling.speedup import acceptance_rate, tokens_per_call
+from llm_inference_harness.sampling.statistical import DELTA, POWER, goodness_of_fit, sample_size
+from llm_inference_harness.strategies.common import generator
+from llm_inference_harness.strategies.speculative import (
     SpeculativeCase,
     context_free_pairs,
     past_small_ints,
     probability_table,
     speculative_cases,
 )
-from harness.tolerance import FLOAT64_IDENTITY
 
 TECHNIQUE = "speculative"
 ENUMERATION_LIMIT_S = 60.0  # per enumerated case: a sampler that loops forever gets a verdict, not a hang
@@ -274,18 +280,18 @@ def test_draft_equal_to_target_accepts_everything(impl, data):
 
 def tiny_models(draft: str = "draft_good"):
     """The shipped tiny target and a real draft as LMs, and the BOS and EOS tokens."""
-    from harness.lm import GPTLM, PerPrefix
-    from harness.models import zoo
+    from llm_inference_harness.models import zoo
+    from llm_inference_harness.sampling.lm import GPTLM, PerPrefix
 
     # PerPrefix: sampler and reference see bitwise the same float32-computed p
     return PerPrefix(GPTLM(zoo.load("target"))), GPTLM(zoo.load(draft)), zoo.tokenizer().bos, zoo.tokenizer().eos
 
 
 def tiny_models_missing(impl) -> str | None:
-    from harness.models.zoo import WEIGHTS
+    from llm_inference_harness.models.zoo import WEIGHTS
 
     missing = [n for n in ("target", "draft_good") if not (WEIGHTS / f"{n}.safetensors").exists()]
-    return f"tiny models not trained yet: {missing} (python -m harness.models.train)" if missing else None
+    return f"tiny models not trained yet: {missing} (python -m llm_inference_harness.models.train)" if missing else None
 
 
 @applies(own_rng)
@@ -362,30 +368,3 @@ def test_goodness_of_fit(impl):
     fit = goodness_of_fit(samples, exact)
     assert not fit.rejected, (f"{impl.name}: statistical verdict (not enumerable) -- the outputs do not follow the "
                               f"target: {fit.describe()}; this test detects TV {DELTA} with power {POWER}")
-
-
-# ---------------------------------------------------------------------------------------------
-# the expected-gain calculator (harness/speedup.py) on the seeds' worked exercises
-def test_speedup_calculator_reproduces_worked_exercises():
-    assert round(tokens_per_call(0.8, 4), 2) == 3.36
-    assert round(speedup(0.8, 4, 0.1), 2) == 2.40
-    assert [round(speedup(0.8, g, 0.05), 2) for g in (1, 4, 8, 10)] == [1.71, 2.80, 3.09, 3.05]
-    assert best_gamma(0.8, 0.05)[0] == 8
-    g, s = best_gamma(0.6, 0.05)
-    assert (g, round(s, 2)) == (4, 1.92)
-    # a verify call costing 1.6 single steps (this CPU at gamma = 6) instead of Theorem 3.8's 1: 2.40x -> 1.68x
-    assert round(speedup(0.8, 4, 0.1, verify=1.6), 2) == 1.68
-
-
-@given(a=st.floats(0.0, 0.999), gamma=st.integers(1, 16))
-def test_tokens_per_call_is_the_closed_form(a, gamma):
-    closed = (1 - a ** (gamma + 1)) / (1 - a)
-    assert abs(tokens_per_call(a, gamma) - closed) <= FLOAT64_IDENTITY * closed * gamma
-
-
-def test_sample_size_is_the_least_with_the_stated_power():
-    from harness.statistical import power
-
-    n = sample_size(9)
-    assert power(n, 9) >= POWER > power(n - 1, 9)
-    assert ALPHA == 0.001 and DELTA == 0.05

@@ -13,9 +13,9 @@ sampler that draws from it).
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.batch_invariance import assert_same_bits, sampler_comparisons, sampler_determinism
-from harness.runner import needs_cap
-from harness.strategies.batch import sampler_batches
+from llm_inference_harness.engine.batch_invariance import assert_same_bits, sampler_comparisons, sampler_determinism
+from llm_inference_harness.engine.capabilities import needs_cap
+from llm_inference_harness.strategies.batch import sampler_batches
 
 TECHNIQUE = "speculative"
 

@@ -3,7 +3,7 @@ distributions"; the processing is harness/contracts/sampling.py's).
 
 A request samples with temperature, top-k, top-p and min-p; its target's rows are processed with them, and its
 draft proposes from rows processed with the draft's own parameters.  The exact distribution of the first T tokens,
-every branch of the sampler's draws visited (harness/enumeration.py), must equal the processed target's
+every branch of the sampler's draws visited (harness/sampling/enumeration.py), must equal the processed target's
 autoregressive distribution, whatever the draft's parameters: given the processed models as models, or, for a
 sampler declaring ``processes``, given the raw models and both rows of parameters to apply itself.  A sampler that
 processes one side only, or judges its drafts with a q processed otherwise than the one it drew them from, fails.
@@ -14,14 +14,19 @@ import functools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.enumeration import DraftsPastBudget, EnumerationTooSlow, exact_distribution, max_difference
-from harness.guard import ContractViolation, guarded_call
-from harness.references.sampling import ProcessedLM
-from harness.references.speculative import autoregressive_distribution
-from harness.runner import applies
-from harness.strategies.sampling import processing_params
-from harness.strategies.speculative import speculative_cases
-from harness.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.engine.capabilities import applies
+from llm_inference_harness.engine.guard import ContractViolation, guarded_call
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.references.sampling import ProcessedLM
+from llm_inference_harness.references.speculative import autoregressive_distribution
+from llm_inference_harness.sampling.enumeration import (
+    DraftsPastBudget,
+    EnumerationTooSlow,
+    exact_distribution,
+    max_difference,
+)
+from llm_inference_harness.strategies.sampling import processing_params
+from llm_inference_harness.strategies.speculative import speculative_cases
 
 TECHNIQUE = "speculative"
 ENUMERATION_LIMIT_S = 60.0  # per enumerated case: a sampler that loops forever gets a verdict, not a hang

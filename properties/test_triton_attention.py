@@ -12,17 +12,17 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.devices import available
-from harness.guard import call_limit, guarded_call
-from harness.references.attention import (
+from llm_inference_harness.engine.capabilities import needs_cap
+from llm_inference_harness.engine.devices import available
+from llm_inference_harness.engine.guard import call_limit, guarded_call
+from llm_inference_harness.engine.tolerance import assert_earned, dtype_of
+from llm_inference_harness.references.attention import (
     attention_lse64,
     attention_lse_plain,
     attention_plain,
     large_logit_yardstick,
 )
-from harness.runner import needs_cap
-from harness.strategies.attention import attention_cases
-from harness.tolerance import assert_earned, dtype_of
+from llm_inference_harness.strategies.attention import attention_cases
 
 TECHNIQUE = "attention"
 

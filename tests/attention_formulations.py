@@ -19,11 +19,11 @@ import math
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, no_work_output
-from harness.contracts.attention_backward import check_backward_inputs
-from harness.contracts.paged_attention import check_inputs as check_paged_inputs
-from harness.contracts.paged_attention import key_mask
-from harness.online_softmax import accumulator_dtype
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, no_work_output
+from llm_inference_harness.contracts.attention_backward import check_backward_inputs
+from llm_inference_harness.contracts.paged_attention import check_inputs as check_paged_inputs
+from llm_inference_harness.contracts.paged_attention import key_mask
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 def _scores(q, k, scale, causal):

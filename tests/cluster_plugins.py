@@ -3,7 +3,7 @@
 import os
 import signal
 
-from impls.attention.naive import naive_attention
+from llm_inference_harness.impls.attention.naive import naive_attention
 
 
 def kills_its_checker(q, k, v, *, causal=False, scale=None):

@@ -11,15 +11,15 @@ import time
 
 import torch
 
-from harness.plugins import declare
-from impls.attention.naive import naive_attention
-from impls.attention_backward.naive import naive_attention_backward
-from impls.block_manager.simple import SimpleBlockManager
-from impls.kvcache.concat import ConcatDecoder
-from impls.paged_attention.gather import gather_then_attend
-from impls.quantization.absmax import absmax
-from impls.quantized_linear.w8a8 import w8a8_linear
-from impls.speculative.standard import speculative
+from llm_inference_harness.engine.plugins import declare
+from llm_inference_harness.impls.attention.naive import naive_attention
+from llm_inference_harness.impls.attention_backward.naive import naive_attention_backward
+from llm_inference_harness.impls.block_manager.simple import SimpleBlockManager
+from llm_inference_harness.impls.kvcache.concat import ConcatDecoder
+from llm_inference_harness.impls.paged_attention.gather import gather_then_attend
+from llm_inference_harness.impls.quantization.absmax import absmax
+from llm_inference_harness.impls.quantized_linear.w8a8 import w8a8_linear
+from llm_inference_harness.impls.speculative.standard import speculative
 
 
 def correct(q, k, v, *, causal=False, scale=None):

@@ -1,5 +1,5 @@
 """Correct speculative samplers at the edges of the contract (harness/contracts/speculative.py), each with
-the verdict its text predicts (tests/test_speculative_verdicts.py checks them; `python -m harness check
+the verdict its text predicts (tests/test_speculative_verdicts.py checks them; `harness check
 speculative --plugin tests/speculative_samplers.py:NAME` gives the same).
 
 * list_sampler: returns a plain list of tokens -- declared with rounds=False, round_records_add_up skips;
@@ -19,8 +19,8 @@ speculative --plugin tests/speculative_samplers.py:NAME` gives the same).
 
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from impls.speculative.standard import residual, speculative
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.impls.speculative.standard import residual, speculative
 
 
 def list_sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):

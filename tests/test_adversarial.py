@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from llm_inference_harness.cli import main
 from tests.shared import once
 
 ADVERSARIAL = Path(__file__).with_name("adversarial")
@@ -97,7 +97,7 @@ def test_a_kernel_wrong_only_at_benchmark_sizes_fails_its_benchmark():
     import torch
 
     from benchmarks.common import checked_at_scale
-    from harness.plugins import load_plugin
+    from llm_inference_harness.engine.plugins import load_plugin
 
     fn = load_plugin(_spec("small_sizes_only"), "attention").fn  # its own code, run here: this is about the check
     small = torch.randn(1, 2, 32, 16)

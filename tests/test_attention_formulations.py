@@ -10,12 +10,12 @@ import functools
 import pytest
 import torch
 
-from harness.references.attention import attention64, large_logit_yardstick
-from harness.registry import make_impl
-from harness.runner import properties_of, run_property
-from harness.strategies.attention import AttentionCase
-from harness.strategies.paged_attention import PagedAttentionCase
-from harness.tolerance import assert_earned, dtype_of
+from llm_inference_harness.engine.registry import make_impl
+from llm_inference_harness.engine.runner import properties_of, run_property
+from llm_inference_harness.engine.tolerance import assert_earned, dtype_of
+from llm_inference_harness.references.attention import attention64, large_logit_yardstick
+from llm_inference_harness.strategies.attention import AttentionCase
+from llm_inference_harness.strategies.paged_attention import PagedAttentionCase
 from tests import attention_formulations as formulations
 
 FORMULATIONS = {

@@ -4,7 +4,7 @@ A bad argument or a bad file read back ends every subcommand with one line namin
 was expected, exit code 2, before any work starts; a plugin that cannot be loaded gets one verdict naming its file,
 line and exception; a result file is written whole or not at all, however the run ends.
 
-The command line is driven through `main` in this process (what `python -m harness` calls) with the work itself --
+The command line is driven through `main` in this process (what `harness` calls) with the work itself --
 a check, the mutants, a comparison, the report -- replaced by a stand-in that says it was reached: validation comes
 first, so a bad argument costs milliseconds and never reaches it.  Exit codes: README.md, docs/verdicts.md."""
 
@@ -24,8 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import asvrun, cli, compare, profiles, provenance, quickbench, runner
-from harness.engine import inputs, outputs
+from llm_inference_harness import cli
+from llm_inference_harness.bench import asvrun, compare, quickbench
+from llm_inference_harness.engine import inputs, outputs, profiles, provenance, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_CODES = {0, 1, 2, 130}  # README.md: passed, failed, usage error (a bad argument, path or file), interrupted
@@ -47,7 +48,7 @@ STAND_INS = [(runner, "check"), (runner, "kill_mutants"), (compare, "compare_com
 @pytest.fixture(scope="module")
 def no_work(tmp_path_factory):
     """A scratch folder holding a file (`afile`) and a folder (`adir`), and HARNESS_OUT under it (holding the
-    suite's description, `harness.asvrun.suite`)."""
+    suite's description, `llm_inference_harness.bench.asvrun.suite`)."""
     tmp = tmp_path_factory.mktemp("bad-input")
     (tmp / "afile").write_text("a file, not a folder\n")
     (tmp / "adir").mkdir()
@@ -58,13 +59,13 @@ def no_work(tmp_path_factory):
 
 
 def invoke(argv: list[str], *, work: bool = False) -> tuple[object, str, str]:
-    """(exit code, or "work" where the work was reached; stdout; stderr) of `python -m harness ARGV`; the work
+    """(exit code, or "work" where the work was reached; stdout; stderr) of `harness ARGV`; the work
     itself replaced by `WorkReached` unless ``work``."""
-    import harness.report
+    import llm_inference_harness.bench.report
 
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err, \
             pytest.MonkeyPatch.context() as mp:
-        for module, name in [] if work else [*STAND_INS, (harness.report, "write_report")]:
+        for module, name in [] if work else [*STAND_INS, (llm_inference_harness.bench.report, "write_report")]:
             mp.setattr(module, name, _reached)
         if not work:  # loading a profile would change this test session's (argparse has checked the name)
             mp.setattr(profiles, "load", lambda name: None)
@@ -148,7 +149,7 @@ def _fill(text: str, tmp: Path) -> str:
 def assert_usage_error(code, out: str, err: str, says: str, argv: list[str]) -> None:
     assert code == 2, f"{argv}: exit {code}\n{err[-2000:]}"
     assert says in err, f"{argv}: {err!r} does not say {says!r}"
-    assert err.count("\n") == 1 and err.startswith("python -m harness"), f"{argv}: not one line: {err!r}"
+    assert err.count("\n") == 1 and err.startswith("harness"), f"{argv}: not one line: {err!r}"
     assert "Traceback" not in err + out, f"{argv}: {err}"
 
 
@@ -210,7 +211,7 @@ def test_a_bad_file_read_back_is_named_in_one_line_and_exit_2(relative, content,
                                                                monkeypatch):
     """`report` reads what `run` saved (verdicts), asv's results and its own previous run: a truncated, empty,
     other-schema or other-version file is named before any section runs, never a traceback or an empty report."""
-    from harness.report import asvdata
+    from llm_inference_harness.bench.report import asvdata
 
     monkeypatch.setenv("HARNESS_OUT", str(tmp_path))
     path = tmp_path / relative
@@ -219,7 +220,7 @@ def test_a_bad_file_read_back_is_named_in_one_line_and_exit_2(relative, content,
         (path.parent / "machine.json").write_text(json.dumps({"version": 1, "machine": path.parent.name}))
     path.write_text(content)
     if path.name == "benchmarks.json":  # the suite as discovered at this very code: read back, not rediscovered
-        from harness.asvrun import _code_stamp
+        from llm_inference_harness.bench.asvrun import _code_stamp
 
         path.with_suffix(".commit").write_text(_code_stamp())
     asvdata.current_versions.cache_clear()
@@ -232,7 +233,7 @@ def test_a_bad_file_read_back_is_named_in_one_line_and_exit_2(relative, content,
 
 
 def test_the_history_and_the_dashboard_name_a_bad_file_before_handing_it_to_asv(tmp_path):
-    from harness import dashboard, history
+    from llm_inference_harness.bench import dashboard, history
 
     folder = tmp_path / "vm"
     folder.mkdir()
@@ -246,9 +247,9 @@ def test_the_history_and_the_dashboard_name_a_bad_file_before_handing_it_to_asv(
 @pytest.mark.parametrize("shard, says", [("4/3", "--shard '4/3': expected K/N with 0 <= K < N"),
                                          ("x", "--shard 'x': expected K/N"), ("0/0", "--shard '0/0'")])
 def test_a_backfill_checks_its_shard_before_measuring(shard, says, tmp_path, monkeypatch, capsys):
-    from harness import history
+    from llm_inference_harness.bench import history
 
-    monkeypatch.setattr(sys, "argv", ["harness.history", "backfill", "--shard", shard, "--results", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["llm_inference_harness.bench.history", "backfill", "--shard", shard, "--results", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_:
         history.main()
     err = capsys.readouterr().err
@@ -294,7 +295,7 @@ def test_any_argument_list_exits_with_a_documented_code_and_no_traceback(argv, n
     assert code == "work" or code in EXIT_CODES, (argv, code, err[-2000:])
     assert "Traceback" not in out + err, (argv, err[-3000:])
     if code == 2:
-        assert err.count("\n") == 1 and err.startswith("python -m harness"), (argv, err)
+        assert err.count("\n") == 1 and err.startswith("harness"), (argv, err)
     assert files_under(no_work) == before, argv
 
 
@@ -305,7 +306,7 @@ UNLOADABLE = {  # plugin file -> (its source, what its one verdict line says)
     "failing_import.py": ("import torch\nimport no_such_package_here\n",
                           "could not be loaded: ModuleNotFoundError: No module named 'no_such_package_here' ({path}, "
                           "line 2)"),
-    "float17.py": ("from harness import declare\n\n\n@declare(dtypes=('float17',))\ndef attention(q, k, v, *, "
+    "float17.py": ("from llm_inference_harness import declare\n\n\n@declare(dtypes=('float17',))\ndef attention(q, k, v, *, "
                    "causal=False, scale=None):\n    return q\n",
                    "could not be loaded: ValueError: register('attention', 'attention'): dtypes ['float17'] are not "
                    "among ('float64', 'float32', 'bfloat16', 'float16') ({path}, line 4)"),
@@ -379,7 +380,7 @@ while True:
 
 
 def test_a_writer_killed_mid_write_leaves_the_old_file_or_the_new_one(tmp_path):
-    """A process writing a 4 MB document over and over through harness.engine.outputs, SIGKILLed at random
+    """A process writing a 4 MB document over and over through llm_inference_harness.engine.outputs, SIGKILLed at random
     moments: the file always parses and is whole.  (Path.write_text in its place leaves a partial file in most
     of these kills.)"""
     path = tmp_path / "doc.json"
@@ -407,9 +408,9 @@ def _checking_children(pid: int) -> set[int]:
 # and prints "done".  A run costs its check, not the imports.
 _FORKER = """
 import json, os, sys
-from harness import profiles, runner
-from harness.cli import main
-from harness.registry import load_all
+from llm_inference_harness.engine import profiles, runner
+from llm_inference_harness.cli import main
+from llm_inference_harness.engine.registry import load_all
 argv = json.loads(sys.argv[1])
 profiles.load("dev")  # before the property modules are imported: their settings read it
 load_all()
@@ -462,7 +463,7 @@ def test_check_killed_at_random_moments_never_leaves_a_partial_json(tmp_path):
             os.kill(pid, sig)
             os.kill(pid, signal.SIGCONT)
             assert say("reap") == "done\n"
-            for child in children:  # each leads its own process group (harness.isolation); the harness is gone
+            for child in children:  # each leads its own process group (llm_inference_harness.engine.isolation); the harness is gone
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child, signal.SIGKILL)
             document = json.loads(path.read_text())

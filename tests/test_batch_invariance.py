@@ -1,6 +1,6 @@
-"""The batch-invariance machinery: fixed-order arithmetic (harness/fixed_order.py) is bit-identical per row
+"""The batch-invariance machinery: fixed-order arithmetic (harness/numerics/fixed_order.py) is bit-identical per row
 whatever the batch and unchanged by trailing zeros, and matches torch's results to rounding; the
-measurement (harness/batch_invariance.py) reports 0 for an invariant implementation and a deviation for
+measurement (harness/engine/batch_invariance.py) reports 0 for an invariant implementation and a deviation for
 one whose order follows the batch; the report names what a row's bits vary with."""
 
 import torch
@@ -8,12 +8,12 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import fixed_order as fo
-from harness.batch_invariance import Comparison, Measured, differs, fixed_specs, measure
-from harness.models.gpt import GPT, GPTConfig
-from harness.registry import get
-from harness.report.batch_invariance import verdict
-from harness.strategies.common import generator, seeds
+from llm_inference_harness.bench.report.batch_invariance import verdict
+from llm_inference_harness.engine.batch_invariance import Comparison, Measured, differs, fixed_specs, measure
+from llm_inference_harness.engine.registry import get
+from llm_inference_harness.models.gpt import GPT, GPTConfig
+from llm_inference_harness.numerics import fixed_order as fo
+from llm_inference_harness.strategies.common import generator, seeds
 
 dtypes = st.sampled_from([torch.float32, torch.float64])
 

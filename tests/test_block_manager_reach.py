@@ -13,10 +13,10 @@ import collections
 import pytest
 from hypothesis import Phase, settings
 
-from harness.profiles import register_profiles
-from harness.registry import get
-from properties.block_manager_steps import SITUATIONS
-from properties.test_block_manager import run_machine
+from llm_inference_harness.engine.profiles import register_profiles
+from llm_inference_harness.engine.registry import get
+from llm_inference_harness.properties.block_manager_steps import SITUATIONS
+from llm_inference_harness.properties.test_block_manager import run_machine
 
 CHECKS = {"machine_bookkeeping": frozenset({"bookkeeping"}), "machine_data": frozenset({"data"})}
 RANDOM_ONLY = ("swap_in_cpu_id_order", "swap_in_rollback_evicts", "cow_skipped_after_swap")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.engine import wire
+from llm_inference_harness.engine import wire
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,14 +49,14 @@ def test_a_killed_harness_takes_the_judge_and_the_implementation_along(tmp_path)
     plugin.write_text(textwrap.dedent("""
         import time
 
-        from harness import declare
+        from llm_inference_harness import declare
 
 
         @declare(caps={"call_limit_s": 600})
         def attention(q, k, v, *, causal=False, scale=None):
             time.sleep(600)
     """))
-    cli = subprocess.Popen([sys.executable, "-m", "harness", "check", "attention", "--plugin", f"{plugin}:attention",
+    cli = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", "check", "attention", "--plugin", f"{plugin}:attention",
                             "--property", "matches_reference", "--jobs", "1"], cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -142,8 +142,8 @@ def test_honest_implementations_get_the_same_verdicts_both_ways(technique, monke
     """Every registered implementation of a technique, judged from outside its process and inside the judge's
     (``--trusted-in-process``), through two of its laws: the boundary changes no honest verdict.  (The test suite
     itself runs every law of every implementation across the boundary, expecting the verdicts they always had.)"""
-    from harness.registry import impls
-    from harness.runner import TRUSTED_IN_PROCESS, Target, check
+    from llm_inference_harness.engine.registry import impls
+    from llm_inference_harness.engine.runner import TRUSTED_IN_PROCESS, Target, check
 
     targets = [Target(technique, name=impl.name) for impl in impls(technique)]
 

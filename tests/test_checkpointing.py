@@ -1,4 +1,4 @@
-"""Properties of activation checkpointing on the toy stack h_{t+1} = tanh(h_t W_t) (harness/checkpointing.py).
+"""Properties of activation checkpointing on the toy stack h_{t+1} = tanh(h_t W_t) (harness/analytic/checkpointing.py).
 
 Checkpointing trades compute for memory and must change nothing else: gradients bit-identical to
 storing every activation, and a stored-activation count (counted by the code's ActivationStore) of
@@ -11,9 +11,9 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harness.checkpointing import checkpointed_grads, layer, stored_grads
-from harness.strategies.checkpointing import TanhStackCase, tanh_stack_cases
-from harness.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.analytic.checkpointing import checkpointed_grads, layer, stored_grads
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.strategies.checkpointing import TanhStackCase, tanh_stack_cases
 
 
 def peak_stored(L: int, k: int) -> int:

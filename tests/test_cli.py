@@ -24,7 +24,7 @@ STOP_WITHIN_S = 2.0
 
 
 def harness(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "llm_inference_harness", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout, **kw)
 
 
@@ -40,9 +40,9 @@ def harness(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
     (["list", "attentio"], "unknown technique 'attentio'"),
 ])
 def test_usage_errors_exit_2_with_one_line(args, says, capsys):
-    """In this process (`main` is what `python -m harness` calls): a process start each costs seconds;
+    """In this process (`main` is what `harness` calls): a process start each costs seconds;
     test_a_usage_error_exits_2_from_the_command_line shows the process's exit code is main's."""
-    from harness.cli import main
+    from llm_inference_harness.cli import main
 
     try:
         code = main(args)
@@ -57,7 +57,7 @@ def test_a_usage_error_exits_2_from_the_command_line():
     proc = harness("check", "attentio")
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-1000:])
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
-        "python -m harness check: unknown technique 'attentio'"), proc.stderr[-1000:]
+        "harness check: unknown technique 'attentio'"), proc.stderr[-1000:]
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,8 @@ def test_a_failure_reproduces_with_the_harness_command_alone(failing_check):
     decorate a test function -- which a plugin author does not have -- is not shown."""
     shown = failing_check.stderr  # what the user reads (stdout holds the JSON document)
     assert "@reproduce_failure" not in shown and "decorator" not in shown, shown[-3000:]
-    line = re.search(r"reproduce: python -m harness (check .*)", shown).group(1)
-    assert line == json.loads(failing_check.stdout)["verdicts"][0]["reproduce"].removeprefix("python -m harness ")
+    line = re.search(r"reproduce: harness (check .*)", shown).group(1)
+    assert line == json.loads(failing_check.stdout)["verdicts"][0]["reproduce"].removeprefix("harness ")
     assert "--reproduce " in line, line
     again = harness(*line.replace("--profile ci", "--profile dev").split())  # dev draws randomly: only the blob
     assert again.returncode == 1 and "zeros vs float64 reference" in again.stdout, again.stdout[-3000:]
@@ -106,14 +106,14 @@ def test_a_failure_reproduces_with_the_harness_command_alone(failing_check):
 
 
 def test_list_into_a_closed_pipe_ends_quietly():
-    proc = subprocess.run(f"{sys.executable} -m harness list | head -1", shell=True, capture_output=True, text=True,
+    proc = subprocess.run(f"{sys.executable} -m llm_inference_harness list | head -1", shell=True, capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, (
         proc.stderr[-2000:])
 
 
 def test_list_prints_the_capability_table(capsys):
-    from harness.cli import main
+    from llm_inference_harness.cli import main
 
     assert main(["list", "attention", "--caps"]) == 0
     out = capsys.readouterr().out
@@ -121,7 +121,7 @@ def test_list_prints_the_capability_table(capsys):
 
 
 def _children(pid: int) -> set[int]:
-    """The checking processes of harness ``pid``: its children that lead their own session (harness.isolation's
+    """The checking processes of harness ``pid``: its children that lead their own session (llm_inference_harness.engine.isolation's
     setsid).  Not any child: importing the implementations runs `ldconfig -p`, and a Ctrl-C sent then lands
     mid-import."""
     ps = subprocess.run(["ps", "-eo", "pid=,ppid=,sid="], capture_output=True, text=True).stdout
@@ -151,7 +151,7 @@ def test_ctrl_c_stops_within_two_seconds_and_leaves_nothing_half_written(command
             if command == "check" else ["run", "--no-bench", "--no-report", "--jobs", "1"])
     log = tmp_path / "output.txt"  # a file, not a pipe: a stray process holding a pipe open is not the harness
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, stdout=sink,
+        proc = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", *args], cwd=ROOT, stdout=sink,
                                 stderr=subprocess.STDOUT, env={**os.environ, "HARNESS_OUT": str(out)},
                                 preexec_fn=_default_sigint)
     deadline, children = time.monotonic() + 240, set()
@@ -180,7 +180,7 @@ def test_ctrl_c_stops_within_two_seconds_and_leaves_nothing_half_written(command
 
 def test_every_help_page_renders(capsys):
     """argparse formats help lazily: a stray % in one subcommand's help broke `harness --help` for all."""
-    from harness.cli import _parser, main
+    from llm_inference_harness.cli import _parser, main
 
     commands = [[]] + [[name] for name in _parser()._subparsers._group_actions[0].choices]
     for command in commands:
@@ -193,7 +193,8 @@ def test_every_help_page_renders(capsys):
 def test_a_mutant_that_cannot_run_here_is_counted_apart(monkeypatch, capsys):
     """A mutant of a library's adapter, without the library: every property skips, which is no survival (the
     README's first command installs no third-party library) -- and no kill: it is named as not run."""
-    from harness import cli, runner
+    from llm_inference_harness import cli
+    from llm_inference_harness.engine import runner
 
     def one_unrunnable(technique, **kw):
         target = runner.Target(technique, name="mutant_needs_lib")

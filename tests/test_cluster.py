@@ -25,14 +25,14 @@ if not os.environ.get("HARNESS_CLUSTER_TESTS"):
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 
-from harness.engine.enumeration_pool import RayPool  # noqa: E402 - after the skip: it needs Ray
-from harness.engine.executors import Local, Ray  # noqa: E402
-from harness.engine.units import Job, check_units  # noqa: E402
-from harness.enumeration import exact_distribution, max_difference  # noqa: E402
-from harness.lm import TableLM  # noqa: E402
-from harness.runner import Progress, Target  # noqa: E402
-from harness.tolerance import FLOAT64_IDENTITY  # noqa: E402
-from impls.speculative.standard import speculative  # noqa: E402
+from llm_inference_harness.engine.enumeration_pool import RayPool  # noqa: E402 - after the skip: it needs Ray
+from llm_inference_harness.engine.executors import Local, Ray  # noqa: E402
+from llm_inference_harness.engine.runner import Progress, Target  # noqa: E402
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY  # noqa: E402
+from llm_inference_harness.engine.units import Job, check_units  # noqa: E402
+from llm_inference_harness.impls.speculative.standard import speculative  # noqa: E402
+from llm_inference_harness.sampling.enumeration import exact_distribution, max_difference  # noqa: E402
+from llm_inference_harness.sampling.lm import TableLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).with_name("cluster_plugins.py")
@@ -64,7 +64,7 @@ def test_a_unit_that_needs_a_device_runs_only_where_one_is_declared(cluster):
     """The implementations that declare only CUDA ask for a GPU: they run on the node declaring one (here, with
     no CUDA present, each property skips saying so -- the verdict a machine without the device gives)."""
     _, nodes = cluster
-    from harness.registry import impls
+    from llm_inference_harness.engine.registry import impls
 
     needing = [Target("attention", name=i.name) for i in impls("attention") if "cpu" not in i.devices]
     units = check_units("attention", needing, FAST)
@@ -123,7 +123,7 @@ def test_a_node_lost_mid_run_costs_reruns_not_units(cluster):
 
 def _harness(*args: str, log: Path) -> subprocess.Popen:
     with log.open("w") as sink:
-        return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, stdout=sink,
+        return subprocess.Popen([sys.executable, "-m", "llm_inference_harness", *args], cwd=ROOT, stdout=sink,
                                 stderr=subprocess.STDOUT, text=True)
 
 
@@ -171,8 +171,8 @@ def broken_on_token_two(target, draft, prompt, *, gamma, max_new_tokens, rng, eo
 
 @pytest.mark.parametrize("merge", [True, False])
 def test_the_enumeration_split_over_ray_sums_to_the_same_distribution(cluster, merge):
-    from harness.strategies.common import generator
-    from harness.strategies.speculative import probability_table
+    from llm_inference_harness.strategies.common import generator
+    from llm_inference_harness.strategies.speculative import probability_table
 
     g = generator(0)
     target, draft = (TableLM(probability_table(4, order, 0.3, g)) for order in (2, 1))

@@ -1,7 +1,7 @@
-"""harness.compare's statistics on synthetic rounds, and its worker's protocol on this checkout.
+"""llm_inference_harness.bench.compare's statistics on synthetic rounds, and its worker's protocol on this checkout.
 
 The detection and false-alarm rates on this machine are measured by a benchmark (bench_harness.ComparisonPower,
-`python -m harness.compare --power`), not here: tests check, benchmarks measure."""
+`python -m llm_inference_harness.bench.compare --power`), not here: tests check, benchmarks measure."""
 
 import math
 import sys
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import wilcoxon
 
-from harness import compare
-from harness.compare import Result, judge, signed_rank_interval
+from llm_inference_harness.bench import compare
+from llm_inference_harness.bench.compare import Result, judge, signed_rank_interval
 
 
 def rounds(ratio: float, noise: float, n: int = 30, load: float = 0.0, seed: int = 0) -> Result:

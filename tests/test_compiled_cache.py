@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-compiled = pytest.importorskip("impls.paged_attention.compiled")
+compiled = pytest.importorskip("llm_inference_harness.impls.paged_attention.compiled")
 pytestmark = pytest.mark.skipif(compiled.COMPILER is None, reason="no C compiler on PATH: the kernel is not offered")
 
 EVIL = r"""

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import asvrun
-from harness.dashboard import MAX_SERIES, publish
+from llm_inference_harness.bench import asvrun
+from llm_inference_harness.bench.dashboard import MAX_SERIES, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 # the harness timing itself (check's time to verdict, compare's detection power) is not a technique, and takes too
@@ -206,7 +206,7 @@ def test_asv_pages_start_with_the_headline_benchmarks(html, server, browser):
 
 
 def test_facets_split_by_the_fewest_parameters_into_panels_of_at_most_six():
-    from harness.dashboard import facets
+    from llm_inference_harness.bench.dashboard import facets
 
     cases = [("env", (impl, "cpu", n, w)) for impl in ("a", "b") for n in (64, 128, 256, 512) for w in (128, 256)]
     panels = facets(cases, varying=[0, 2, 3])
@@ -219,8 +219,8 @@ def test_facets_split_by_the_fewest_parameters_into_panels_of_at_most_six():
 def test_overview_keeps_machines_apart_and_marks_only_significant_steps(tmp_path):
     import json
 
-    from harness.bench.results import COLUMNS
-    from harness.dashboard import overview
+    from llm_inference_harness.bench.dashboard import overview
+    from llm_inference_harness.bench.results import COLUMNS
 
     bench = "bench_x.C.track_v"
     for machine, values in (("vm-a", [1.0, 1.2, 1.21]), ("vm-b", [5.0, 5.1])):

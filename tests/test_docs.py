@@ -1,5 +1,5 @@
 """The documentation is tested: every Python block of README.md and docs/*.md runs, the example plugins the README
-shows are the files in docs/examples/, and every example plugin passes `python -m harness check` for its technique.
+shows are the files in docs/examples/, and every example plugin passes `harness check` for its technique.
 
 A README block that starts with ``# docs/examples/NAME.py`` shows that file; each example file's docstring names
 the command that checks it."""
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
-CHECK = re.compile(r"python -m harness check (\w+) --plugin (docs/examples/\w+\.py:\w+)")
+CHECK = re.compile(r"harness check (\w+) --plugin (docs/examples/\w+\.py:\w+)")
 
 
 def python_blocks() -> list[tuple[str, int, str]]:
@@ -50,12 +50,12 @@ def test_every_python_block_runs(page, line, code, tmp_path):
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_plugin_passes_its_check(example, capsys, monkeypatch):
-    """`main` is what `python -m harness` calls (a process start each would cost seconds); the plugin is imported
+    """`main` is what `harness` calls (a process start each would cost seconds); the plugin is imported
     in the check's own child, as from the command line."""
-    from harness.cli import main
+    from llm_inference_harness.cli import main
 
     command = CHECK.search(example.read_text())
-    assert command, f"{example.name}: its docstring names no `python -m harness check T --plugin {example.name}:ATTR`"
+    assert command, f"{example.name}: its docstring names no `harness check T --plugin {example.name}:ATTR`"
     technique, spec = command.groups()
     assert spec.startswith(f"docs/examples/{example.name}:"), f"{example.name} names another file: {spec}"
     monkeypatch.chdir(ROOT)

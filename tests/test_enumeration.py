@@ -1,4 +1,4 @@
-"""Laws of the exact enumerator (harness/enumeration.py) and of the randomness protocol (harness/lm.py).
+"""Laws of the exact enumerator (harness/sampling/enumeration.py) and of the randomness protocol (harness/sampling/lm.py).
 
 The enumerator is the judge of every exactness property, so it is tested on its own: against hand-computed
 distributions, merged rounds against run-by-run enumeration, and on the batched sampler's joint output.
@@ -11,13 +11,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.enumeration import ReplayRng, exact_distribution, explore, first_round, max_difference
-from harness.lm import Counted, TableLM, Tempered, TorchRng
-from harness.references.speculative import autoregressive_distribution
-from harness.strategies.speculative import probability_table, speculative_cases
-from harness.tolerance import FLOAT64_IDENTITY
-from impls.speculative.batched import speculative_batched
-from impls.speculative.standard import speculative
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.impls.speculative.batched import speculative_batched
+from llm_inference_harness.impls.speculative.standard import speculative
+from llm_inference_harness.references.speculative import autoregressive_distribution
+from llm_inference_harness.sampling.enumeration import (
+    ReplayRng,
+    exact_distribution,
+    explore,
+    first_round,
+    max_difference,
+)
+from llm_inference_harness.sampling.lm import Counted, TableLM, Tempered, TorchRng
+from llm_inference_harness.strategies.speculative import probability_table, speculative_cases
 
 
 @given(seed=st.integers(0, 2**31 - 1), V=st.integers(2, 5))
@@ -118,8 +124,8 @@ def test_batched_rows_are_independent_and_exact(case, other):
 def test_siblings_are_scored_as_by_the_full_forward(seed, positions, head, data):
     """Prefixes that differ in their last token only (the enumerator's batched misses) run their shared head
     once and one cached position each: every row n back is the full forward's (a float64 model)."""
-    from harness.lm import GPTLM, shared_head
-    from harness.models.gpt import GPT, GPTConfig
+    from llm_inference_harness.models.gpt import GPT, GPTConfig
+    from llm_inference_harness.sampling.lm import GPTLM, shared_head
 
     torch.manual_seed(seed % 1000)
     model = GPT(GPTConfig(vocab_size=7, block_size=16, n_layer=2, n_head=2, n_kv_head=1, n_embd=8,
@@ -163,8 +169,8 @@ def test_temperature_is_applied_before_the_sampler(case, temperature):
 def test_torch_rng_draws_follow_the_probabilities(seed, V, zeros):
     """TorchRng's one-row draws (inversion in numpy) pass a chi-square test against the probabilities at
     the statistical tier's power, and never draw a token of probability 0."""
-    from harness.statistical import goodness_of_fit, sample_size
-    from harness.strategies.speculative import probability_table
+    from llm_inference_harness.sampling.statistical import goodness_of_fit, sample_size
+    from llm_inference_harness.strategies.speculative import probability_table
 
     p = probability_table(V, 0, zeros, torch.Generator().manual_seed(seed))  # (V,), with zeros
     exact = {i: float(x) for i, x in enumerate(p) if x > 0}
@@ -183,7 +189,7 @@ def overdraft(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
 def test_a_slow_enumeration_says_where_its_time_went(monkeypatch, capsys):
     """Past NOTE_AFTER_S a note on stderr splits the time (sampler, models, enumerator) and names drafts past the
     budget; past the deadline the same text stops the enumeration as EnumerationTooSlow."""
-    import harness.enumeration as enumeration
+    import llm_inference_harness.sampling.enumeration as enumeration
 
     target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
     monkeypatch.setattr(enumeration, "NOTE_AFTER_S", 0.0)
@@ -200,7 +206,7 @@ def test_drafting_past_the_budget_stops_at_once_naming_the_rule():
     """A round that verifies more drafts than it may emit breaks the contract's budget rule: the enumeration
     stops at that round's target call (its first run), not at a deadline; drafting exactly up to the budget
     is allowed."""
-    from harness.enumeration import DraftsPastBudget
+    from llm_inference_harness.sampling.enumeration import DraftsPastBudget
 
     target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
     with pytest.raises(DraftsPastBudget, match="budget rule: a round drafted 3 token.s. with 1 left") as raised:

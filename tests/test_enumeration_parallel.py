@@ -1,4 +1,4 @@
-"""The enumerator's worker processes (harness/enumeration.py): forking changes the order of summation only.
+"""The enumerator's worker processes (harness/sampling/enumeration.py): forking changes the order of summation only.
 
 ``parallel_after_runs=1`` forks after the first run, so that small drawn cases take the parallel path: the
 pending branches of the first round state go to the workers, then whole round states, level by level.
@@ -11,11 +11,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.enumeration import PARALLEL_AFTER_RUNS, exact_distribution, max_difference
-from harness.lm import TableLM
-from harness.strategies.speculative import speculative_cases
-from harness.tolerance import FLOAT64_IDENTITY
-from impls.speculative.standard import speculative
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.impls.speculative.standard import speculative
+from llm_inference_harness.sampling.enumeration import PARALLEL_AFTER_RUNS, exact_distribution, max_difference
+from llm_inference_harness.sampling.lm import TableLM
+from llm_inference_harness.strategies.speculative import speculative_cases
 
 pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
                                 reason="no fork on this platform: the enumerator always runs in one process")

@@ -57,7 +57,7 @@ def _check(tmp_path: Path, name: str, *args: str) -> dict:
     env = {**os.environ, "HARNESS_EXAMPLE_DB_LOCAL": str(tmp_path / f"{name}-examples")}
     env.pop("HARNESS_EXAMPLE_DB", None)
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, "-m", "harness", *CASE, *args, "--json", str(out)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "llm_inference_harness", *CASE, *args, "--json", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # a mutant's failure fails no check
     (verdict,) = json.loads(out.read_text())["verdicts"]
@@ -86,7 +86,7 @@ def test_a_failure_found_in_one_process_is_replayed_first_in_another(server, tmp
 
 
 def test_an_unreachable_server_is_a_usage_error(capsys):
-    from harness.cli import main
+    from llm_inference_harness.cli import main
 
     url = f"redis://127.0.0.1:{_free_port()}/0"
     assert main([*CASE, "--example-db", url]) == 2
@@ -96,8 +96,8 @@ def test_an_unreachable_server_is_a_usage_error(capsys):
 def test_each_implementation_keeps_its_own_examples(server, monkeypatch, tmp_path):
     """A property's key is the same for every implementation, and Hypothesis deletes an example that no longer
     fails: scoped by implementation, a correct one's run cannot erase what a buggy one left."""
-    from harness.engine import exampledb
-    from harness.runner import Target
+    from llm_inference_harness.engine import exampledb
+    from llm_inference_harness.engine.runner import Target
 
     url, client = server
     monkeypatch.setenv(exampledb.URL, url)

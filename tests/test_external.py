@@ -9,9 +9,9 @@ import traceback
 import pytest
 import torch
 
-from harness.contracts.quantization import dequantize
-from harness.registry import KNOWN_FAILURES, get, impls, library_unavailable, load_all, make_impl
-from harness.runner import Property
+from llm_inference_harness.contracts.quantization import dequantize
+from llm_inference_harness.engine.registry import KNOWN_FAILURES, get, impls, library_unavailable, load_all, make_impl
+from llm_inference_harness.engine.runner import Property
 
 load_all()  # the records are made where the adapters register
 RECORDS = sorted(KNOWN_FAILURES.values(), key=lambda r: (r.technique, r.impl, r.property))
@@ -34,7 +34,7 @@ def test_recorded_upstream_failure_still_reproduces(record):
 
 def test_every_record_names_a_registered_adapter_and_a_property_that_applies_to_it():
     """A record on a property its adapter skips could never show: it would hide nothing and prove nothing."""
-    from harness.runner import properties_of
+    from llm_inference_harness.engine.runner import properties_of
 
     for r in RECORDS:
         impl = get(r.technique, r.impl)
@@ -76,7 +76,7 @@ def test_torchao_codes_and_scales_dequantize_as_torchao_does(granularity):
 @pytest.mark.skipif(not installed("transformers"), reason="transformers is not installed")
 def test_speculative_draws_are_restored_after_the_call():
     """torch.rand_like and torch.multinomial are the harness rng's only inside the routine's call."""
-    from harness.lm import TableLM, TorchRng
+    from llm_inference_harness.sampling.lm import TableLM, TorchRng
 
     rand_like, multinomial = torch.rand_like, torch.multinomial
     table = torch.tensor([[0.5, 0.5], [0.2, 0.8], [0.6, 0.4]], dtype=torch.float64)  # order 1, V = 2
@@ -107,10 +107,10 @@ def test_every_adapter_is_registered_with_or_without_its_library():
 
 def test_at_least_ten_libraries_are_judged():
     """Every adapted library counts once, torch's built-ins (torch.ao) as one of them."""
-    from harness.report.external import library_of
+    from llm_inference_harness.bench.report.external import library_of
 
     libraries = {library_of(i) for t in ("attention", "quantization", "quantized_linear", "speculative")
-                 for i in impls(t) if i.source.startswith("impls.external.")}
+                 for i in impls(t) if i.source.startswith("llm_inference_harness.impls.external.")}
     cpu = libraries - {"flash-attn", "flashinfer-python", "xformers", "vllm"}  # CUDA builds: not judged here
     assert len(cpu) >= 10, sorted(cpu)
 

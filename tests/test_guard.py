@@ -1,4 +1,4 @@
-"""guarded_call names every process-wide random generator a call moves (harness/guard.py global_state): numpy's
+"""guarded_call names every process-wide random generator a call moves (harness/engine/guard.py global_state): numpy's
 global one is read in place rather than through np.random.get_state(), so each way of moving it is shown here."""
 
 import random
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.guard import ContractViolation, guarded_call
+from llm_inference_harness.engine.guard import ContractViolation, guarded_call
 
 MOVES = {  # what the call does -> the generator the verdict must name
     "np.random.seed": (lambda: np.random.seed(1), "numpy global RNG"),

@@ -1,8 +1,8 @@
-"""harness.history: which commits a backfill picks, and result files that keep one series per machine."""
+"""llm_inference_harness.bench.history: which commits a backfill picks, and result files that keep one series per machine."""
 
 import json
 
-from harness import history
+from llm_inference_harness.bench import history
 
 
 def test_spread_keeps_both_ends_and_spaces_evenly():
@@ -62,8 +62,8 @@ def test_normalize_gives_files_their_machine_fields_and_interpreter_version(tmp_
 
 
 def line(values, machine="vm"):
-    """A committed series as harness.bench.steps reads it: one point per commit, in date order."""
-    from harness.bench.results import Point
+    """A committed series as llm_inference_harness.bench.steps reads it: one point per commit, in date order."""
+    from llm_inference_harness.bench.results import Point
 
     return {("b.C.track", machine, "env", ("cpu",)): [
         Point("b.C.track", machine, ("cpu",), f"c{i:02d}", "env", i, v, None, None, 1, "v", True)
@@ -71,7 +71,7 @@ def line(values, machine="vm"):
 
 
 def test_steps_finds_a_level_that_moves_and_only_there():
-    from harness.bench.steps import candidates
+    from llm_inference_harness.bench.steps import candidates
 
     noise = [1.00, 1.03, 0.98, 1.02, 0.99, 1.01, 0.97]
     (step,) = candidates(line(noise + [1.3 * v for v in noise]))
@@ -83,7 +83,7 @@ def test_steps_finds_a_level_that_moves_and_only_there():
 def test_steps_compares_the_exact_case():
     import re
 
-    from harness.bench.steps import case_regex
+    from llm_inference_harness.bench.steps import case_regex
 
     name = "bench_kvcache.CachedVsRecompute.track_recompute_over_cached"
     pattern = case_regex(name, ("concat", "cpu", 512, 256))

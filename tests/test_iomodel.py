@@ -1,4 +1,4 @@
-"""Properties of the IO model (harness/iomodel.py): the twins compute attention and move exactly
+"""Properties of the IO model (harness/analytic/iomodel.py): the twins compute attention and move exactly
 the paper's number of elements between HBM and SRAM, never holding more than M on chip.
 
 Traffic is counted by running the twins; the closed forms are separate functions, and the hand-worked
@@ -11,7 +11,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harness.iomodel import (
+from llm_inference_harness.analytic.iomodel import (
     Memory,
     SramOverflow,
     causal_blocks,
@@ -27,10 +27,10 @@ from harness.iomodel import (
     standard_io,
     standard_traffic,
 )
-from harness.references.attention import attention64
-from harness.strategies.common import seeds
-from harness.strategies.iomodel import IOCase, io_cases, sram_capacities
-from harness.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY
+from llm_inference_harness.references.attention import attention64
+from llm_inference_harness.strategies.common import seeds
+from llm_inference_harness.strategies.iomodel import IOCase, io_cases, sram_capacities
 
 
 def reference(Q, K, V, causal=False):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.registry import KNOWN_FAILURES, load_all
+from llm_inference_harness.engine.registry import KNOWN_FAILURES, load_all
 
 ROOT = Path(__file__).resolve().parents[1]
 load_all()  # the adapters record their known failures when they register
@@ -18,8 +18,8 @@ load_all()  # the adapters record their known failures when they register
 WITHOUT_TRANSFORMERS = """
 import sys
 sys.modules["transformers"] = None  # what importing a missing distribution finds
-from harness.registry import impls
-from harness.runner import properties_of, run_property
+from llm_inference_harness.engine.registry import impls
+from llm_inference_harness.engine.runner import properties_of, run_property
 adapters = [i for i in impls("kvcache", mutants=None) if i.caps.speaks == "model"]
 assert len(adapters) >= 17, [i.name for i in adapters]
 for impl in adapters:

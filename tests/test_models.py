@@ -9,9 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from harness.models import zoo
-from harness.models.gpt import GPT, GPTConfig
-from harness.models.world import (
+from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY, RECORDED_METRIC_RTOL
+from llm_inference_harness.models import zoo
+from llm_inference_harness.models.gpt import GPT, GPTConfig
+from llm_inference_harness.models.world import (
     END,
     MAX_DOC_TOKENS,
     TOKENIZER,
@@ -21,7 +22,6 @@ from harness.models.world import (
     is_grammatical,
     parse_error,
 )
-from harness.tolerance import FLOAT64_IDENTITY, RECORDED_METRIC_RTOL
 
 seeds = st.integers(0, 2**31 - 1)
 
@@ -118,7 +118,7 @@ def test_kv_session_matches_the_full_forward_through_extends_and_rollbacks(seed,
     """A KV session driven like a speculative sampler drives it (extend by a few tokens, roll back a few,
     a roll back of nothing included) returns, at every extend, the full forward's distributions over the
     session's prefix, which a plain token list shadows."""
-    from harness.lm import GPTLM
+    from llm_inference_harness.sampling.lm import GPTLM
 
     torch.manual_seed(seed % 1000)
     lm = GPTLM(GPT(GPTConfig(vocab_size=9, block_size=32, n_layer=2, n_head=2, n_kv_head=n_kv_head, n_embd=8,

@@ -1,15 +1,15 @@
 """Every registered mutant must be killed, and by the property its bug declares -- by what it computes:
 a mutant that crashes (the declared killer fails with "raised ...") models no bug the property finds.
 
-Runs the same property functions the CLI runs, through harness.runner, so `pytest` and
-`python -m harness mutants` agree.
+Runs the same property functions the CLI runs, through llm_inference_harness.engine.runner, so `pytest` and
+`harness mutants` agree.
 """
 
 import pytest
 
-from harness.contracts import load_techniques
-from harness.registry import impls
-from harness.runner import kill_mutant, properties_of
+from llm_inference_harness.contracts import load_techniques
+from llm_inference_harness.engine.registry import impls
+from llm_inference_harness.engine.runner import kill_mutant, properties_of
 
 MUTANTS = [m for t in sorted(load_techniques()) for m in impls(t, mutants=True)]
 

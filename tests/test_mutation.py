@@ -1,9 +1,9 @@
 """Machine-made mutants (harness/engine/mutation.py): the pipeline on a few block-manager mutants, two quick
-properties only (the full run is `python -m harness mutants --machine-made DIR`, hours on 2 cores)."""
+properties only (the full run is `harness mutants --machine-made DIR`, hours on 2 cores)."""
 
 import pytest
 
-from harness.engine import mutation as M
+from llm_inference_harness.engine import mutation as M
 
 QUICK = ("rejects_bad_input", "large_tables")  # about a second a check
 EVICT = "  # evict the least recently used cached block"

@@ -3,7 +3,7 @@ tries to escape its checking process (catching the alarm, resetting the timer, h
 output, leaving a grandchild behind, changing global state, misbehaving while being imported) gets a verdict that
 says which, with a line to reproduce it, and the run goes on and ends within its limits.
 
-Runs `python -m harness check` as a user would, on tests/misbehaving_plugins.py and tests/plugins/."""
+Runs `harness check` as a user would, on tests/misbehaving_plugins.py and tests/plugins/."""
 
 import contextlib
 import io
@@ -56,11 +56,11 @@ OTHERS = {  # technique -> (plugin, the property run, what its message must say)
 def check(technique: str, specs: list[str], prop: str, tmp_path: Path, *, env: dict | None = None,
           timeout: float = 600) -> dict[str, dict]:
     """`harness check --no-shrink` on these plugin specs; its verdicts by plugin spec (it must exit 1: one failed).
-    Run through `main`, what `python -m harness` calls, in this process (a process start costs seconds; the
+    Run through `main`, what `harness` calls, in this process (a process start costs seconds; the
     plugins are imported in the check's children either way), or from the command line where ``env`` sets a
     limit the harness reads at import.  Unshrunk: what is checked is the verdict and its reproduce line, not the
     minimal example (tests/test_cli.py checks a shrunk one), and shrinking each failure costs seconds."""
-    from harness.cli import main
+    from llm_inference_harness.cli import main
 
     out = tmp_path / "verdicts.json"
     argv = ["check", technique, *[arg for spec in specs for arg in ("--plugin", spec)], "--property", prop,
@@ -70,7 +70,7 @@ def check(technique: str, specs: list[str], prop: str, tmp_path: Path, *, env: d
             rc = main(argv)
         said = printed.getvalue()
     else:
-        proc = subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "llm_inference_harness", *argv], capture_output=True, text=True,
                               timeout=timeout, cwd=ROOT, env={**os.environ, **env})
         rc, said = proc.returncode, proc.stderr
     assert rc == 1, f"exit {rc} (expected 1: plugins failed)\n{said[-2000:]}"
@@ -128,7 +128,7 @@ def test_a_grandchild_does_not_keep_the_pipe_open(tmp_path):
     """`harness check ... | cat`: the reader sees the end of the output when the harness exits, though the plugin
     left a `sleep 300` behind (it dies with its checking process's group)."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "check", "attention", "--plugin",
+    proc = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", "check", "attention", "--plugin",
                              f"{PLUGINS}:spawns_a_grandchild", "--property", "matches_reference"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
     output, _ = proc.communicate(timeout=240)  # returns at EOF, i.e. when every writer has gone
@@ -165,10 +165,10 @@ def test_a_plugin_that_misbehaves_at_import_gets_a_verdict_and_a_json(module, im
 def test_an_entry_point_that_exits_at_import_does_not_take_list_or_pytest_down():
     """Another distribution's entry point loads only when asked for; when asked, it is probed in a child first."""
     env = {**os.environ, "PYTHONPATH": str(IMPORTS / "exits_on_import")}
-    quiet = subprocess.run([sys.executable, "-m", "harness", "list", "quantization"], capture_output=True, text=True,
+    quiet = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "quantization"], capture_output=True, text=True,
                            cwd=ROOT, env=env, timeout=300)
     assert quiet.returncode == 0 and "absmax" in quiet.stdout, quiet.stderr[-2000:]
-    asked = subprocess.run([sys.executable, "-m", "harness", "list", "quantization", "--entry-points", "all"],
+    asked = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "quantization", "--entry-points", "all"],
                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert asked.returncode == 0 and "absmax" in asked.stdout, asked.stderr[-2000:]
     assert "entry point exits = exits_on_import" in asked.stderr and "exited with code 7" in asked.stderr, asked.stderr
@@ -195,10 +195,10 @@ def test_an_entry_point_is_listed_and_judged_but_never_imported_by_the_harness(t
     imported_by.chmod(0o666)
     env = {**os.environ, "PYTHONPATH": str(IMPORTS / "registers_an_attention"), "IMPORTED_BY": str(imported_by),
            "HARNESS_ENTRY_POINTS": "theirs"}
-    listed = subprocess.run([sys.executable, "-m", "harness", "list", "attention"], capture_output=True, text=True,
+    listed = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "attention"], capture_output=True, text=True,
                             cwd=ROOT, env=env, timeout=300)
     assert listed.returncode == 0 and "theirs_sdpa" in listed.stdout, listed.stderr[-2000:]
-    command = subprocess.Popen([sys.executable, "-m", "harness", "check", "attention", "--impl", "theirs_sdpa",
+    command = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", "check", "attention", "--impl", "theirs_sdpa",
                                 "--property", "matches_reference", "--jobs", "1"], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
     output, _ = command.communicate(timeout=600)

@@ -3,7 +3,7 @@ an ETA, never carriage-return redraws."""
 
 import io
 
-from harness.progress import LineProgress, progress
+from llm_inference_harness.engine.progress import LineProgress, progress
 
 
 def test_lines_not_redraws_off_a_terminal():

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-import harness.report.asvdata as asvdata
-from harness import provenance
+import llm_inference_harness.bench.report.asvdata as asvdata
+from llm_inference_harness.engine import provenance
 
 BENCH = "bench_x.Case.track_value"
 COLUMNS = ["result", "params", "version", "stats_q_25", "stats_q_75"]
@@ -66,7 +66,7 @@ def test_no_run_at_the_current_version_says_so(results):
 
 
 def test_forward_ratios_pair_each_case_with_sdpa_of_the_same_run():
-    from harness.report.sections import forward_ratios
+    from llm_inference_harness.bench.report.sections import forward_ratios
 
     times = asvdata.Values()
     for (impl, shape), (t, commit) in {("sdpa", "1x8x512x64"): (1.0, "a"), ("fa2", "1x8x512x64"): (3.0, "a"),
@@ -80,8 +80,8 @@ def test_a_figure_with_more_series_than_a_panel_holds_is_faceted(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from harness.report.document import MAX_SERIES, Report
-    from harness.report.sections import _groups, ratio_figure
+    from llm_inference_harness.bench.report.document import MAX_SERIES, Report
+    from llm_inference_harness.bench.report.sections import _groups, ratio_figure
 
     names = [f"fa2_v{i}" for i in range(MAX_SERIES + 2)]
     panels = _groups(names, "tiled")

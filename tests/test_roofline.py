@@ -1,4 +1,4 @@
-"""The roofline estimator (harness/roofline.py): its worked numbers, computed, against worked examples done by hand."""
+"""The roofline estimator (harness/analytic/roofline.py): its worked numbers, computed, against worked examples done by hand."""
 
 import math
 
@@ -6,9 +6,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import roofline
-from harness.iomodel import Memory, fa2_io, standard_io, standard_traffic
-from harness.roofline import DEVICES, decode_seconds_per_token, flash_kernels, measure_cpu, standard_kernels
+from llm_inference_harness.analytic import roofline
+from llm_inference_harness.analytic.iomodel import Memory, fa2_io, standard_io, standard_traffic
+from llm_inference_harness.analytic.roofline import (
+    DEVICES,
+    decode_seconds_per_token,
+    flash_kernels,
+    measure_cpu,
+    standard_kernels,
+)
 
 
 def test_a100_balance_point_is_153_to_156_flop_per_byte():

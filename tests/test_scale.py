@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.cli import main
-from harness.engine import units as engine_units
-from harness.engine.merge import MergeError, merge
-from harness.engine.units import Durations, Shard, Unit, plan, recorded_seconds
-from harness.runner import Target
+from llm_inference_harness.cli import main
+from llm_inference_harness.engine import units as engine_units
+from llm_inference_harness.engine.merge import MergeError, merge
+from llm_inference_harness.engine.runner import Target
+from llm_inference_harness.engine.units import Durations, Shard, Unit, plan, recorded_seconds
 
 SUBSET = ["--impl", "naive", "--impl", "fa2_17x33", "--impl", "mutant_unscaled_scores", "--property",
           "scores_1000_999_998_10", "--property", "empty_shapes_give_empty_output", "--property", "rejects_bad_input"]
@@ -114,7 +114,7 @@ def test_a_refused_merge_exits_2_with_one_line(shards, capsys):
     folder = shards["folder"]
     code = main(["merge", str(folder / "refused.json"), str(folder / "shard1.json"), str(folder / "shard3.json")])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("python -m harness merge: missing shard(s) 2/3") and err.count("\n") == 1
+    assert code == 2 and err.startswith("harness merge: missing shard(s) 2/3") and err.count("\n") == 1
     assert not (folder / "refused.json").exists()
 
 
@@ -144,7 +144,7 @@ def test_mutants_in_two_shards_merged_are_the_unsharded_run(tmp_path):
     for name, extra in [("whole", []), ("shard1", ["--shard", "1/2"]), ("shard2", ["--shard", "2/2"])]:
         codes[name] = main(["mutants", "block_manager", "--jobs", "1", "--json", str(tmp_path / f"{name}.json"),
                             *extra])
-    from harness.registry import impls
+    from llm_inference_harness.engine.registry import impls
 
     shard_docs = [json.loads((tmp_path / f"shard{i}.json").read_text()) for i in (1, 2)]
     registered = len(impls("block_manager", mutants=True))

@@ -1,12 +1,12 @@
-"""Properties of the serving simulator (harness/simulator): conservation laws of continuous batching
+"""Properties of the serving simulator (harness/analytic/simulator): conservation laws of continuous batching
 under each memory policy, on small seeded workloads, and the ordering of the policies it exists to show."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.simulator.engine import Paged, Request, oracle, reserve_max, simulate
-from harness.simulator.report import run_scenario
-from harness.simulator.workload import SCENARIOS
+from llm_inference_harness.analytic.simulator.engine import Paged, Request, oracle, reserve_max, simulate
+from llm_inference_harness.analytic.simulator.report import run_scenario
+from llm_inference_harness.analytic.simulator.workload import SCENARIOS
 
 MAX_OUTPUT = 24
 

@@ -5,14 +5,14 @@ broken (drafting past max_new_tokens fails at once, where it used to run into th
 minutes).
 
 The samplers are tests/speculative_samplers.py; each is run through the properties the contract's clause
-decides (`harness.runner`, as `python -m harness check --no-shrink` runs them: the clause decides the verdict,
+decides (`llm_inference_harness.engine.runner`, as `harness check --no-shrink` runs them: the clause decides the verdict,
 whatever the example), the other properties being the standard sampler's.
 """
 
 import pytest
 
-from harness.registry import make_impl
-from harness.runner import properties_of, run_property
+from llm_inference_harness.engine.registry import make_impl
+from llm_inference_harness.engine.runner import properties_of, run_property
 from tests import speculative_samplers
 
 BONUS_RULE = "the contract's bonus rule"

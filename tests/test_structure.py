@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.capabilities import Caps, build
-from harness.contracts import load_techniques
-from harness.registry import DISTRIBUTION, ENTRY_POINT_GROUP, make_impl, register
+from llm_inference_harness.contracts import load_techniques
+from llm_inference_harness.engine.capabilities import Caps, build
+from llm_inference_harness.engine.registry import DISTRIBUTION, ENTRY_POINT_GROUP, make_impl, register
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTSIDE = ("impls", "benchmarks", "properties", "tests")
@@ -98,7 +98,7 @@ def test_our_implementations_come_in_through_the_entry_point_group():
     ours = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
             if ep.dist is not None and ep.dist.name == DISTRIBUTION}
     # one package per technique, and impls/external: the adapters of third-party libraries, of several techniques
-    assert ours == {**{t: f"impls.{t}" for t in load_techniques()}, "external": "impls.external"}
+    assert ours == {**{t: f"impls.{t}" for t in load_techniques()}, "external": "llm_inference_harness.impls.external"}
 
 
 def test_every_implementation_module_is_listed_by_its_package():

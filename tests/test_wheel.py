@@ -16,8 +16,8 @@ from tests.shared import once
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = '''
 import torch
-from harness import declare
-from harness.contracts.attention import check_inputs, check_scores_budget
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.attention import check_inputs, check_scores_budget
 
 
 @declare(dtypes=("float32", "float64"))
@@ -73,19 +73,19 @@ def files_under(site: Path) -> set[Path]:
 
 def test_the_wheel_is_what_runs(installed):
     python, site, project = installed
-    where = run(python, "-c", "import harness, properties; print(harness.__file__, properties.__file__)", cwd=project)
+    where = run(python, "-c", "import harness, properties; print(llm_inference_harness.__file__, llm_inference_harness.properties.__file__)", cwd=project)
     assert all(Path(p).is_relative_to(site) for p in where.stdout.split()), where.stdout + where.stderr
 
 
 def test_our_properties_run_in_a_downstream_pytest_session(installed):
     python, site, project = installed
     before = files_under(site)
-    ok = run(python, "-m", "pytest", "--pyargs", "properties.test_attention", "--harness-impl",
+    ok = run(python, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention", "--harness-impl",
              "attention=my_pkg.kernels:attention", "-q", "-p", "no:cacheprovider", "-k",
              "matches_reference or rejects_bad_input or empty_shapes", cwd=project)
     assert ok.returncode == 0 and " passed" in ok.stdout, ok.stdout[-3000:] + ok.stderr[-2000:]
     assert "[attention]" in ok.stdout or "3 passed" in ok.stdout, ok.stdout[-2000:]
-    bad = run(python, "-m", "pytest", "--pyargs", "properties.test_attention", "--harness-impl",
+    bad = run(python, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention", "--harness-impl",
               "attention=my_pkg.kernels:forgets_the_scale", "-q", "-p", "no:cacheprovider", "-k", "matches_reference",
               cwd=project)
     failed = "FAILED" in bad.stdout and "test_matches_reference[forgets_the_scale]" in bad.stdout
@@ -93,9 +93,9 @@ def test_our_properties_run_in_a_downstream_pytest_session(installed):
     assert files_under(site) == before, "running the properties wrote into site-packages"
     # the test function is ours, in site-packages: the advice is the harness's command, which replays the example
     assert "@reproduce_failure" not in bad.stdout, bad.stdout[-3000:]
-    command = re.search(r"Reproduce: python -m harness (check .*--reproduce \S+)", bad.stdout)
+    command = re.search(r"Reproduce: harness (check .*--reproduce \S+)", bad.stdout)
     assert command, bad.stdout[-3000:]
-    again = run(python, "-m", "harness", *command.group(1).split(), "--no-shrink", cwd=project)
+    again = run(python, "-m", "llm_inference_harness", *command.group(1).split(), "--no-shrink", cwd=project)
     assert again.returncode == 1 and "FAIL" in again.stdout, again.stdout[-3000:]
     assert _case(again.stdout) == _case(bad.stdout), "the reproduce command replays another example"
 
@@ -110,7 +110,7 @@ def _case(text: str) -> str:
 def test_check_runs_from_the_wheel_and_writes_nothing_into_site_packages(installed):
     python, site, project = installed
     before = files_under(site)
-    done = run(python, "-m", "harness", "check", "attention", "--plugin", "my_pkg.kernels:attention", "--property",
+    done = run(python, "-m", "llm_inference_harness", "check", "attention", "--plugin", "my_pkg.kernels:attention", "--property",
                "matches_reference", "--json", "verdicts.json", cwd=project)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert (project / "verdicts.json").is_file()

@@ -1,12 +1,12 @@
 """Exact attention, plainly: a plugin for the attention contract (harness/contracts/attention.py).
 
-    python -m harness check attention --plugin docs/examples/attention.py:attention
+    harness check attention --plugin docs/examples/attention.py:attention
 """
 
 import torch
 
-from harness import declare
-from harness.contracts.attention import check_inputs, check_scores_budget
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.attention import check_inputs, check_scores_budget
 
 
 @declare(dtypes=("float32", "float64"), devices=("cpu",))

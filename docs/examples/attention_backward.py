@@ -1,14 +1,14 @@
 """The standard attention backward from the forward's L: a plugin for the attention_backward contract
 (harness/contracts/attention_backward.py).  P = exp(S - L); dV = P^T dO; dS = P * (dP - D), D = rowsum(dO * O).
 
-    python -m harness check attention_backward --plugin docs/examples/attention_backward.py:attention_backward
+    harness check attention_backward --plugin docs/examples/attention_backward.py:attention_backward
 """
 
 import torch
 
-from harness import declare
-from harness.contracts.attention import check_scores_budget
-from harness.contracts.attention_backward import check_backward_inputs
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.attention import check_scores_budget
+from llm_inference_harness.contracts.attention_backward import check_backward_inputs
 
 
 @declare(dtypes=("float32", "float64"), devices=("cpu",))

@@ -4,12 +4,18 @@ Free blocks are a stack; cached blocks nobody references wait in an LRU dict unt
 found by a hash chained with the previous block's (equal hashes mean equal whole prefixes).  A shared last
 block is copied before it is written (copy-on-write).  Kwon et al. 2023, "vLLM", Sec. 4.2-4.5.
 
-    python -m harness check block_manager --plugin docs/examples/block_manager.py:BlockManager
+    harness check block_manager --plugin docs/examples/block_manager.py:BlockManager
 """
 
 from collections import OrderedDict
 
-from harness.contracts.block_manager import OutOfBlocks, check_block, check_geometry, check_token, check_tokens
+from llm_inference_harness.contracts.block_manager import (
+    OutOfBlocks,
+    check_block,
+    check_geometry,
+    check_token,
+    check_tokens,
+)
 
 
 class BlockManager:

@@ -1,6 +1,6 @@
 """A model with its own KV cache, in the kvcache model protocol (harness/contracts/kvcache.py):
 
-    python -m harness check kvcache --plugin docs/examples/kvcache_model.py:build
+    harness check kvcache --plugin docs/examples/kvcache_model.py:build
 
 The harness's tiny GPT with a cache of its own: per layer, keys and values concatenated along the slots; a
 query at slot i of the S slots sees slot j iff j <= i and the mask calls j a real token.
@@ -10,9 +10,9 @@ import copy
 
 import torch
 
-from harness import declare
-from harness.contracts.kvcache import check_model_call, check_new_cache, masked_attention
-from harness.models.gpt import GPT, GPTConfig
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.kvcache import check_model_call, check_new_cache, masked_attention
+from llm_inference_harness.models.gpt import GPT, GPTConfig
 
 
 class TinyLM:

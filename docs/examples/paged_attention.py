@@ -1,14 +1,14 @@
 """Paged attention by gathering each sequence's keys and values out of the block pool: a plugin for the
 paged_attention contract (harness/contracts/paged_attention.py).
 
-    python -m harness check paged_attention --plugin docs/examples/paged_attention.py:paged_attention
+    harness check paged_attention --plugin docs/examples/paged_attention.py:paged_attention
 """
 
 import torch
 
-from harness import declare
-from harness.contracts.attention import check_scores_budget
-from harness.contracts.paged_attention import check_inputs
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.attention import check_scores_budget
+from llm_inference_harness.contracts.paged_attention import check_inputs
 
 
 @declare(dtypes=("float32", "float64"), devices=("cpu",))

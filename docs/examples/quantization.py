@@ -1,13 +1,13 @@
 """Symmetric absmax quantization per tensor, per row or per group of columns: a plugin for the quantization
 contract (harness/contracts/quantization.py).  s = max|w| / (2^(b-1) - 1), q = round(w / s).
 
-    python -m harness check quantization --plugin docs/examples/quantization.py:quantize
+    harness check quantization --plugin docs/examples/quantization.py:quantize
 """
 
 import torch
 
-from harness import declare
-from harness.contracts.quantization import Quantized, check_inputs, qmax
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.quantization import Quantized, check_inputs, qmax
 
 
 @declare(dtypes=("float32", "float64"), devices=("cpu",))

@@ -2,13 +2,13 @@
 contract (harness/contracts/quantized_linear.py), declaring its scheme (weight="channel", no activation
 quantization) so the harness compares it with that scheme's float64 reference.
 
-    python -m harness check quantized_linear --plugin docs/examples/quantized_linear.py:linear
+    harness check quantized_linear --plugin docs/examples/quantized_linear.py:linear
 """
 
 import torch
 
-from harness import declare
-from harness.contracts.quantized_linear import check_inputs
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.quantized_linear import check_inputs
 
 
 @declare(dtypes=("float32", "float64"), devices=("cpu",), exact=False, caps={"weight": "channel"})

@@ -1,6 +1,6 @@
 """A complete sampler written against the contract (harness/contracts/sampling.py), as a plugin.
 
-    python -m harness check sampling --plugin docs/examples/sampling.py:sampler
+    harness check sampling --plugin docs/examples/sampling.py:sampler
 
 Each row: penalties (repetition over prompt and output ids, frequency and presence over output ids), then
 transformers' order -- temperature, top-k, top-p, min-p -- on the row sorted once (stable: tokens tied at a
@@ -9,8 +9,8 @@ boundary are taken lowest id first, ties="index"), softmax over the kept prefix,
 
 import torch
 
-from harness import declare
-from harness.contracts.sampling import check_inputs, draw
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.sampling import check_inputs, draw
 
 
 def penalized(z, params, b):

@@ -1,6 +1,6 @@
 """A complete speculative sampler written against the contract (harness/contracts/speculative.py), as a plugin.
 
-    python -m harness check speculative --plugin docs/examples/speculative_sampler.py:speculative_sampler
+    harness check speculative --plugin docs/examples/speculative_sampler.py:speculative_sampler
 
 Leviathan et al. 2023, Algorithm 1: each round the draft proposes x_1..x_k ~ q, the target scores the k + 1
 positions in one call, x_i is kept with probability min(1, p_i(x_i) / q_i(x_i)); the first rejected one is
@@ -8,8 +8,8 @@ replaced by a draw from norm(max(0, p_i - q_i)), and when all k are kept a bonus
 Invariant: every emitted token is distributed as the target's p given the tokens before it.
 """
 
-from harness import declare
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness import declare
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
 
 
 @declare(dtypes=("float64",), cite="Leviathan et al. 2023, Algorithm 1")

@@ -1,6 +1,6 @@
 """Where benchmark results live, and what a result file holds: every reader and writer goes through here.
 
-Committed, written on purpose only (the history backfill, `python -m harness.history steps`, or a run's files
+Committed, written on purpose only (the history backfill, `python -m llm_inference_harness.bench.history steps`, or a run's files
 copied there)::
 
     results/<machine>/machine.json              the machine (provenance.asv_machine())
@@ -11,8 +11,8 @@ This machine's, git-ignored, under ``provenance.output_root()`` (results/local i
 
     asv/<machine>/<commit>-<env>.json           its asv runs (the quick pass, the full sweep)
     asv/benchmarks.json                         the suite as asv discovered it (names, grids, versions)
-    html/index.html                             the dashboard (`python -m harness.dashboard`)
-    report/README.md                            the report (`python -m harness report`)
+    html/index.html                             the dashboard (`python -m llm_inference_harness.bench.dashboard`)
+    report/README.md                            the report (`harness report`)
 
 Nothing generated is committed: the dashboard, the report and the suite's description are rebuilt from the
 code and the committed result files whenever they are needed.
@@ -27,8 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import provenance
-from harness.engine import inputs
+from llm_inference_harness.engine import inputs, provenance
 
 COMMITTED = provenance.ROOT / "results"
 STEPS = COMMITTED / "steps.json"
@@ -43,7 +42,7 @@ def local() -> Path:
 
 
 def html() -> Path:
-    """The dashboard's folder: the one place `python -m harness.dashboard` and `harness run` publish to."""
+    """The dashboard's folder: the one place `python -m llm_inference_harness.bench.dashboard` and `harness run` publish to."""
     return provenance.output_root() / "html"
 
 

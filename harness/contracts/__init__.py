@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass
 
-from harness.capabilities import Caps
+from llm_inference_harness.engine.capabilities import Caps
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Technique:
     name: str
     signature: str  # the contract, as a Python signature
     summary: str  # one line
-    properties: tuple[str, ...]  # modules holding the property tests, e.g. ("properties.test_attention",)
+    properties: tuple[str, ...]  # modules holding the property tests, e.g. ("llm_inference_harness.properties.test_attention",)
     reference: str  # name of the registered float64 oracle ("" when the oracle is not an impl)
     caps: type[Caps] = Caps  # the capabilities its implementations may declare
 

@@ -22,7 +22,7 @@
   raises ValueError naming Nq, Nk and the bytes; a tiled one holds a tile per head and has no such limit.
 
 Exact, up to rounding.  Exact: which keys each row sees, the head mapping, the scale, the zeros of rows that
-see no key.  Rounding, and what the earned bounds of harness/tolerance.py admit:
+see no key.  Rounding, and what the earned bounds of harness/engine/tolerance.py admit:
   * each score's dot product and scaling, in any summation order.  float16/bfloat16 inputs carry scores and
     softmax in float32 (score_dtype), as FlashAttention does: in the inputs' own precision q.k overflows
     float16 past 65504 and a bfloat16 logit past 256 is rounded by a nat or more, so at large logits the bound
@@ -46,10 +46,10 @@ from typing import Literal
 
 import torch
 
-from harness.capabilities import BatchedCaps, cap
-from harness.contracts import Technique, define
-from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.engine.capabilities import BatchedCaps, cap
+from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class AttentionCaps(BatchedCaps):
     tiled: bool = cap(False, "a tiled kernel that never materializes an (Nq, Nk) matrix (benchmarked as one)")
     Br: int | None = cap(None, "query rows per tile (tiled kernels)")
     Bc: int | None = cap(None, "keys per tile (tiled kernels)")
-    io: Literal["fa1", "fa2"] | None = cap(None, "the loop order whose HBM traffic harness/iomodel.py models")
+    io: Literal["fa1", "fa2"] | None = cap(None, "the loop order whose HBM traffic harness/analytic/iomodel.py models")
     split: int | None = cap(None, "keys per split-K partition (Flash-Decoding)")
     oracle: bool = cap(False, "the float64 definition itself, the reference every property compares with")
     nan_caveat: str | None = cap(None, "a documented way NaN inputs fail to propagate (the NaN property then skips, "
@@ -79,7 +79,7 @@ ATTENTION = define(
         name="attention",
         signature="attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> Tensor",
         summary="exact softmax(q k^T * scale) v with GQA and bottom-right causal alignment",
-        properties=("properties.test_attention", "properties.test_triton_attention", "properties.test_attention_batch"),
+        properties=("llm_inference_harness.properties.test_attention", "llm_inference_harness.properties.test_triton_attention", "llm_inference_harness.properties.test_attention_batch"),
         reference="reference",
         caps=AttentionCaps,
     )
@@ -142,7 +142,7 @@ def check_scores_budget(technique: str, q: torch.Tensor, Nk: int, copies: int = 
     if need > MEMORY_BUDGET:
         raise ValueError(f"{technique}: {copies} x the (B, H, Nq, Nk) = ({B}, {H}, {Nq}, {Nk}) score matrix needs "
                          f"{need / 2**30:.1f} GiB at once, past the memory budget of {MEMORY_BUDGET / 2**30:g} GiB "
-                         "(harness.contracts.attention.MEMORY_BUDGET); a tiled implementation needs no such matrix")
+                         "(llm_inference_harness.contracts.attention.MEMORY_BUDGET); a tiled implementation needs no such matrix")
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:

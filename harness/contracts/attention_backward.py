@@ -38,11 +38,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.capabilities import Caps, cap
-from harness.contracts import Technique, define
-from harness.contracts.attention import check_inputs, on_device_of, same_device
-from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts.attention import check_inputs, on_device_of, same_device
+from llm_inference_harness.engine.capabilities import Caps, cap
+from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ ATTENTION_BACKWARD = define(
         signature="attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None)"
                   " -> (dq, dk, dv)",
         summary="gradients dq, dk, dv of exact attention from (q, k, v, o, lse, dO)",
-        properties=("properties.test_attention_backward",),
+        properties=("llm_inference_harness.properties.test_attention_backward",),
         reference="reference",
         caps=AttentionBackwardCaps,
     )

@@ -62,10 +62,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harness.capabilities import Caps, cap
-from harness.contracts import Technique, define
-from harness.guard import ContractViolation, call_limit, guarded_call, is_remote
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.engine.capabilities import Caps, cap
+from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call, is_remote
+from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ BLOCK_MANAGER = define(
         signature="make(num_blocks, block_size, storage, *, num_cpu_blocks=0) -> manager "
                   "(allocate, append, fork, free, lookup_prefix, swap_out, swap_in, block_table, ref_count, ...)",
         summary="paged KV-cache bookkeeping: block tables, ref counts, copy-on-write, prefix cache, swap",
-        properties=("properties.test_block_manager",),
+        properties=("llm_inference_harness.properties.test_block_manager",),
         reference="",
         caps=BlockManagerCaps,
     )

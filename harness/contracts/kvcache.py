@@ -3,7 +3,7 @@ model that runs with its own cache, as transformers models do (``speaks="model"`
 
 The decoder protocol: prefill a batch of ragged prompts, then decode one token at a time.
 
-    decoder = impl.fn(model: GPT, max_len: int)      # a factory; `model` is a harness.models.gpt.GPT
+    decoder = impl.fn(model: GPT, max_len: int)      # a factory; `model` is a llm_inference_harness.models.gpt.GPT
     logits = decoder.prefill(prompts)                 # prompts: list of B 1-D LongTensors, lengths 1..max_len
                                                       #   -> (B, V): next-token logits after each prompt
     logits = decoder.step(tokens)                     # tokens: (B,) LongTensor, appended to every sequence
@@ -53,9 +53,9 @@ attention mask and each token's position -- and the model and its cache do the r
   of one model are independent.  Bad input (ids outside the vocabulary, a mask or positions of the wrong shape,
   a mask whose width is not the cache's slots + T, more than max_len slots, batch or max_len out of range) raises
   ValueError/TypeError naming the argument and leaves the cache as it was: `check_model_call` and
-  `check_new_cache` do the checks.  ``python -m harness check kvcache --plugin my_model.py:build`` checks a
+  `check_new_cache` do the checks.  ``harness check kvcache --plugin my_model.py:build`` checks a
   function ``build(dtype, seed) -> CausalLM`` declared with ``@declare(caps={"speaks": "model"}, ...)``
-  (docs/examples/kvcache_model.py; harness/models/hf.py wraps transformers models).
+  (docs/examples/kvcache_model.py; impls/external/hf_models.py wraps transformers models).
 """
 
 from __future__ import annotations
@@ -68,10 +68,10 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from harness.capabilities import BatchedCaps, cap
-from harness.contracts import Technique, define
-from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.engine.capabilities import BatchedCaps, cap
+from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ KVCACHE = define(
                   "(B, V) and .step(tokens: LongTensor (B,)) -> (B, V); or, speaking the model protocol, "
                   "kvcache(dtype, seed) -> CausalLM: lm(tokens, mask, positions, cache) -> (logits, cache)",
         summary="incremental decoding: prefill ragged prompts, then one token per step, equal to the full forward",
-        properties=("properties.test_kvcache", "properties.test_kvcache_models", "properties.test_kvcache_batch"),
+        properties=("llm_inference_harness.properties.test_kvcache", "llm_inference_harness.properties.test_kvcache_models", "llm_inference_harness.properties.test_kvcache_batch"),
         caps=KVCacheCaps,
         reference="recompute",
     )

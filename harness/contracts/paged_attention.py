@@ -39,11 +39,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.capabilities import BatchedCaps, cap
-from harness.contracts import Technique, define
-from harness.contracts.attention import check_causal, on_device_of, same_device
-from harness.guard import call_limit, check_tensor, guarded_call
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts.attention import check_causal, on_device_of, same_device
+from llm_inference_harness.engine.capabilities import BatchedCaps, cap
+from llm_inference_harness.engine.guard import call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ PAGED_ATTENTION = define(
         signature="paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal: bool = False, "
                   "scale: float | None = None) -> Tensor",
         summary="exact attention over K/V gathered through per-sequence block tables (vLLM PagedAttention)",
-        properties=("properties.test_paged_attention", "properties.test_paged_attention_compiled",
-                    "properties.test_paged_attention_batch"),
+        properties=("llm_inference_harness.properties.test_paged_attention", "llm_inference_harness.properties.test_paged_attention_compiled",
+                    "llm_inference_harness.properties.test_paged_attention_batch"),
         reference="",
         caps=PagedAttentionCaps,
     )

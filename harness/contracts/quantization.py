@@ -62,10 +62,10 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from harness.capabilities import Caps, cap
-from harness.contracts import Technique, define
-from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.engine.capabilities import Caps, cap
+from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.registry import Impl
 
 CodeRange = Literal["restricted", "full", "signed_extreme"]
 GRANULARITIES = ("tensor", "channel", "group")
@@ -120,7 +120,7 @@ QUANTIZATION = define(
         signature='quantize(w, *, bits: int, granularity: str = "channel", group_size: int | None = None)'
         " -> Quantized(codes, scale, zero)",
         summary="b-bit (2-8) integer codes and scales per tensor / channel / group; dequantize(qt) inverts",
-        properties=("properties.test_quantization",),
+        properties=("llm_inference_harness.properties.test_quantization",),
         reference="absmax",
         caps=QuantizationCaps,
     )

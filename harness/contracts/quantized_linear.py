@@ -20,8 +20,8 @@
       float16 before quantizing them): the scheme is then that of x, w and calib rounded to it, and the rounding
       allowance that dtype's, while the output keeps x's dtype
     smooth_alpha: SmoothQuant: x / s and s * w with s_j = max|X_j|^a / max|W_j|^(1-a), before quantizing
-  The float64 oracle of a scheme is `harness.references.quantized_linear64`; the error of the scheme
-  against x @ w.T is bounded element-wise by `harness.references.quantized_linear_error_bound`.
+  The float64 oracle of a scheme is `llm_inference_harness.references.quantized_linear64`; the error of the scheme
+  against x @ w.T is bounded element-wise by `llm_inference_harness.references.quantized_linear_error_bound`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Literal
 
 import torch
 
-from harness.capabilities import BatchedCaps, cap
-from harness.contracts import Technique, define
-from harness.contracts.quantization import GRANULARITIES
-from harness.guard import call_limit, check_tensor, guarded_call
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts.quantization import GRANULARITIES
+from llm_inference_harness.engine.capabilities import BatchedCaps, cap
+from llm_inference_harness.engine.guard import call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ QUANTIZED_LINEAR = define(
         name="quantized_linear",
         signature="quantized_linear(x, w, *, bits: int = 8, calib: Tensor | None = None) -> Tensor",
         summary="x @ w.T with quantized weights (and activations): weight-only, W8A8, LLM.int8(), SmoothQuant",
-        properties=("properties.test_quantized_linear", "properties.test_quantized_linear_batch"),
+        properties=("llm_inference_harness.properties.test_quantized_linear", "llm_inference_harness.properties.test_quantized_linear_batch"),
         reference="",
         caps=QuantizedLinearCaps,
     )

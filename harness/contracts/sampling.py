@@ -3,7 +3,7 @@
     process(logits, params) -> probs (B, V)          an implementation declaring caps returns="probs"
     sample(logits, params, *, rng) -> tokens (B,)    the default, returns="tokens"
 
-Imports a plugin needs: ``from harness import declare``; ``from harness.contracts.sampling import
+Imports a plugin needs: ``from llm_inference_harness import declare``; ``from llm_inference_harness.contracts.sampling import
 SamplingParams, check_inputs, draw``.  docs/examples/sampling.py is a complete sampler written from this text.
 
 * logits: a float tensor (B, V), float32 or float64 as declared; -inf marks a token that may never be drawn
@@ -33,11 +33,11 @@ SamplingParams, check_inputs, draw``.  docs/examples/sampling.py is a complete s
 * Always kept: the first token of the ranking (min_tokens_to_keep = 1: top_k >= 1, top_p > 0, min_p <= 1 keep
   it), never a token with logit -inf (probability 0), whatever top_k says.
 * Rounding at a threshold: a token whose keep-or-drop comparison is equal within the rounding of the
-  implementation's dtype may go either way (`harness.references.sampling.threshold_slack` earns the margin).
-* A sampler draws one token per row, rows independently, through ``rng`` (`harness.lm.Rng`) only:
+  implementation's dtype may go either way (`llm_inference_harness.references.sampling.threshold_slack` earns the margin).
+* A sampler draws one token per row, rows independently, through ``rng`` (`llm_inference_harness.sampling.lm.Rng`) only:
   ``rng.categorical(probs)`` takes float64 rows summing to one within 1e-9 -- ``draw(rng, probs)`` converts and
   renormalizes a float32 row first -- and returns one token per row; ``rng.bernoulli(p)`` a coin.  So
-  `harness.enumeration` visits every branch and the properties compare the sampler's exact output distribution.
+  `llm_inference_harness.sampling.enumeration` visits every branch and the properties compare the sampler's exact output distribution.
   A sampler that draws from its own generator (Gumbel-max, a CUDA kernel's Philox) declares ``caps={"rng":
   "own"}``: its ``rng`` is then an int seed for a torch.Generator of its own (never torch's global one), and the
   statistical tier judges it.
@@ -58,11 +58,11 @@ from typing import Literal
 
 import torch
 
-from harness.capabilities import BatchedCaps, cap
-from harness.contracts import Technique, define
-from harness.enumeration import outcome_distribution
-from harness.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.engine.capabilities import BatchedCaps, cap
+from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.registry import Impl
+from llm_inference_harness.sampling.enumeration import outcome_distribution
 
 STAGES = ("temperature", "top_k", "top_p", "min_p")
 # caps order -> the stages after the penalties: transformers' _get_logits_processor; vLLM v1's Sampler (min-p is an
@@ -97,7 +97,7 @@ SAMPLING = define(
         signature="sample(logits, params, *, rng) -> tokens (B,)  |  process(logits, params) -> probs (B, V)",
         summary="logits processing (penalties, temperature, top-k, top-p, min-p) and samplers, proved by exact "
                 "enumeration",
-        properties=("properties.test_sampling", "properties.test_sampling_batch"),
+        properties=("llm_inference_harness.properties.test_sampling", "llm_inference_harness.properties.test_sampling_batch"),
         reference="reference",
         caps=SamplingCaps,
     )
@@ -227,7 +227,7 @@ class Enumerated:
 
 
 def enumerated(impl: Impl, logits: torch.Tensor, params: SamplingParams) -> Enumerated:
-    """A sampler's exact output distribution, every branch of its draws visited (`harness.enumeration`), under
+    """A sampler's exact output distribution, every branch of its draws visited (`llm_inference_harness.sampling.enumeration`), under
     guard: the inputs must be left alone, every run's tokens must be what the contract promises."""
     B, V = logits.shape
 

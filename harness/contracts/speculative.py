@@ -2,21 +2,21 @@
 
     sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation
 
-Imports a plugin needs: ``from harness import declare`` (capabilities), ``from harness.contracts.speculative
-import Generation, Round, check_inputs, validated``; the protocols below are ``harness.lm.LM`` and
-``harness.lm.Rng``, with ``harness.lm.TableLM(table)`` and ``harness.lm.TorchRng(seed)`` to try a sampler by
+Imports a plugin needs: ``from llm_inference_harness import declare`` (capabilities), ``from llm_inference_harness.contracts.speculative
+import Generation, Round, check_inputs, validated``; the protocols below are ``llm_inference_harness.sampling.lm.LM`` and
+``llm_inference_harness.sampling.lm.Rng``, with ``llm_inference_harness.sampling.lm.TableLM(table)`` and ``llm_inference_harness.sampling.lm.TorchRng(seed)`` to try a sampler by
 hand.  docs/examples/speculative_sampler.py is a complete sampler written from this text alone.
 
-* target, draft (`harness.lm.LM`): ``lm.vocab_size`` is V; ``lm(prefixes, n=1)`` takes a list of prefixes,
+* target, draft (`llm_inference_harness.sampling.lm.LM`): ``lm.vocab_size`` is V; ``lm(prefixes, n=1)`` takes a list of prefixes,
   each a non-empty ``list[int]`` of token ids (they may differ in length), and returns a float64 tensor
   (B, n, V) whose row [b, i] is the next-token distribution after the first ``len(prefixes[b]) - n + 1 + i``
   tokens of prefix b: ``target([ctx + xs], len(xs) + 1)[0]`` is p_1 .. p_{k+1} for k drafts xs.  Temperature
-  is already applied (`harness.lm.Tempered`).  draft may be None for a sampler that needs none (plain
+  is already applied (`llm_inference_harness.sampling.lm.Tempered`).  draft may be None for a sampler that needs none (plain
   autoregressive sampling, ``caps={"draft": False}``).
 * prompt: a non-empty ``list[int]``, left unchanged (build ``prompt + out``, never append to it); gamma >= 1
   draft tokens per round; at most max_new_tokens tokens are generated, fewer when eos is generated (it is
   included, and nothing after it).
-* rng (`harness.lm.Rng`), the only source of randomness, so that `harness.enumeration` can visit every
+* rng (`llm_inference_harness.sampling.lm.Rng`), the only source of randomness, so that `llm_inference_harness.sampling.enumeration` can visit every
   branch: ``rng.categorical(probs)`` draws one token per row of a float64 (V,) or (B, V) tensor of
   probabilities (a long tensor of shape probs.shape[:-1]: ``int(rng.categorical(q))``); ``rng.bernoulli(p)``
   draws a coin of probability p, a float or a tensor (a bool tensor: ``bool(rng.bernoulli(0.3))``).  A sampler
@@ -38,7 +38,7 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
 * The budget rule (efficiency, part of the contract): a round drafts at most max_new_tokens - len(out) tokens,
   the tokens it may still emit (``min(gamma, max_new_tokens - len(out) - 1)`` leaves room for the bonus).  A
   draft past the budget is never emitted, costs a draft call and multiplies the branches to enumerate by V:
-  the enumerating properties stop at the first such round, failing with `harness.enumeration.DraftsPastBudget`,
+  the enumerating properties stop at the first such round, failing with `llm_inference_harness.sampling.enumeration.DraftsPastBudget`,
   which names this rule, within seconds.
 * The bonus rule (efficiency, part of the contract): a round that accepts all its k drafts also emits a
   bonus token from the target's next row p_{k+1}, k + 1 tokens for one target call, so that tokens per call
@@ -49,11 +49,11 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
   the last that accepts all its drafts.  (A round may stop at max_new_tokens or at eos without a bonus.)
 * Processed distributions.  A serving engine samples from the target's distribution after temperature, top-k,
   top-p and min-p (harness/contracts/sampling.py), and its draft proposes from its own processed distribution.  A
-  sampler given processed models is just given other models (`harness.references.sampling.ProcessedLM`): the
+  sampler given processed models is just given other models (`llm_inference_harness.references.sampling.ProcessedLM`): the
   output must follow the processed target.  A sampler that processes the rows itself declares ``caps={"processes":
   True}`` and is called with the raw models and ``target_params=``, ``draft_params=`` (both absent elsewhere: the
   models are then sampled as given) -- a one-row
-  `harness.contracts.sampling.SamplingParams` each, penalties off -- applied in transformers' order, tokens tied
+  `llm_inference_harness.contracts.sampling.SamplingParams` each, penalties off -- applied in transformers' order, tokens tied
   at a boundary lowest id first (ties "index"); its output must follow the target processed with target_params,
   whatever draft_params are.  ``check_processing(params, "target_params", V)`` checks one.
 * Returns a `Generation(tokens, rounds)`: ``tokens`` the generated ``list[int]`` (the prompt not included),
@@ -78,12 +78,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from harness.capabilities import BatchedCaps, cap
-from harness.contracts import Technique, define
-from harness.contracts.sampling import SamplingParams, check_values
-from harness.guard import ContractViolation, call_limit, guarded_call
-from harness.lm import LM, check_distribution
-from harness.registry import Impl
+from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts.sampling import SamplingParams, check_values
+from llm_inference_harness.engine.capabilities import BatchedCaps, cap
+from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call
+from llm_inference_harness.engine.registry import Impl
+from llm_inference_harness.sampling.lm import LM, check_distribution
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ SPECULATIVE = define(
         name="speculative",
         signature="sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation",
         summary="sampling with a draft model whose output distribution is exactly the target's",
-        properties=("properties.test_speculative", "properties.test_speculative_batch",
-                    "properties.test_speculative_processed"),
+        properties=("llm_inference_harness.properties.test_speculative", "llm_inference_harness.properties.test_speculative_batch",
+                    "llm_inference_harness.properties.test_speculative_processed"),
         reference="autoregressive",
         caps=SpeculativeCaps,
     )

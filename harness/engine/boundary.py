@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from harness.engine import wire
-from harness.engine.callserver import PLUGIN_UID_BASE
-from harness.guard import BoundaryFailure
+from llm_inference_harness.engine import wire
+from llm_inference_harness.engine.callserver import PLUGIN_UID_BASE
+from llm_inference_harness.engine.guard import BoundaryFailure
 
 GRACE_S = 3.0  # past a call's own limit: the alarm inside the implementation's process gets the first chance
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
@@ -113,7 +113,7 @@ class PluginProcess:
               spawn: Callable | None = None) -> PluginProcess:
         """Fork the implementation's process (or ask ``spawn``, a zygote, to) and let it load ``load``
         (``{"technique", "name"}`` or ``{"technique", "plugin"}``)."""
-        from harness.engine import callserver
+        from llm_inference_harness.engine import callserver
 
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         arena = wire.Arena()
@@ -203,7 +203,7 @@ class PluginProcess:
         """One call, its inputs through the arena; the reply as it came, the inputs checked afterwards.  The last
         call's inputs are compared once more first: an implementation that left a thread writing into them after
         it returned is caught here, before the arena is reused."""
-        from harness.lm import TorchRng
+        from llm_inference_harness.sampling.lm import TorchRng
 
         if self.last_inputs is not None:
             late, self.last_inputs = wire.changed_inputs(self.last_inputs), None
@@ -222,7 +222,7 @@ class PluginProcess:
                 self.arena.grow(full.needed)
         positional = [trees[k] for k in list(named)[: len(args)]]
         keywords = [(k, trees[k]) for k in list(named)[len(args):]]
-        from harness.memory import HEADROOM, METERS
+        from llm_inference_harness.engine.memory import HEADROOM, METERS
 
         meters, headroom = METERS.get(), HEADROOM.get()
         options = {"timeout_s": timeout_s, "owns_torch_rng": owns_torch_rng, **dict(_context.get()),
@@ -335,7 +335,7 @@ class PluginProcess:
                 getattr(obj, method)(*self.decoder.decode(args))
             if kind == "ok":
                 return Reply("ok", value=self.decoder.decode(payload), extras=extras)
-            if kind == "paths":  # the enumeration's runner checks every entry (harness/replay.py)
+            if kind == "paths":  # the enumeration's runner checks every entry (harness/sampling/replay.py)
                 return Reply("paths", value=payload)
             if kind == "many":
                 return Reply("many", value=[self._group(entry) for entry in wire._seq(payload, list)])
@@ -429,7 +429,7 @@ class PluginProcess:
 
 class LoadFailed(Exception):
     """The implementation could not be loaded (its import raised, its declaration is invalid); ``failure``:
-    the fields of a harness.plugins.LoadFailure when a plugin spec was loaded."""
+    the fields of a llm_inference_harness.engine.plugins.LoadFailure when a plugin spec was loaded."""
 
     def __init__(self, text: str, failure: dict | None = None) -> None:
         super().__init__(text)
@@ -509,7 +509,7 @@ class Remote:
         self.process, self.handle, self.methods, self.type_name = process, handle, methods, type_name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from harness.guard import call_unguarded
+        from llm_inference_harness.engine.guard import call_unguarded
 
         return call_unguarded(self, "__call__", args, kwargs)
 
@@ -518,7 +518,7 @@ class Remote:
             raise AttributeError(name)
         if name in self.methods:
             return RemoteMethod(self, name)
-        from harness.guard import DEFAULT_TIMEOUT_S
+        from llm_inference_harness.engine.guard import DEFAULT_TIMEOUT_S
 
         return self.process.getattr(self.handle, name, DEFAULT_TIMEOUT_S)
 
@@ -539,7 +539,7 @@ class RemoteMethod:
         self.owner, self.name = owner, name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from harness.guard import call_unguarded
+        from llm_inference_harness.engine.guard import call_unguarded
 
         return call_unguarded(self.owner, self.name, args, kwargs)
 

@@ -7,10 +7,10 @@ memory, files or processes; `plugin_uid`).  Then it loads the implementation and
 
     ("q", id, released handles, "call", handle, method, args, kwargs, options)  -> ("r", id, kind, payload, sinks)
     ("q", id, released handles, "getattr", handle, name)                        -> ("r", id, kind, payload, [])
-    ("q", id, released handles, "paths", ...)   a batch of enumeration runs (harness/enumeration.py)
+    ("q", id, released handles, "paths", ...)   a batch of enumeration runs (harness/sampling/enumeration.py)
     ("q", 0, [], "exit")
 
-A call runs under `harness.guard.guarded_call` here too (its alarm, the global-state comparison, lists left
+A call runs under `llm_inference_harness.engine.guard.guarded_call` here too (its alarm, the global-state comparison, lists left
 unchanged); input tensors are views of the judge's arena, so the judge sees a mutation for itself.  What this
 process reports is never trusted by the judge beyond being a well-formed message: it is the implementation's
 answer, and the implementation could have written it.
@@ -35,7 +35,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from harness.engine import wire
+from llm_inference_harness.engine import wire
 
 HANDED, HANDED_ITEMS = 256, 4096  # the latest lists handed over, up to this long, are watched for changes
 PLUGIN_UID_BASE = 1_000_000_000  # the implementation's uid when the harness runs as root: this + its pid
@@ -48,7 +48,7 @@ def main(fd: int, parent: int, options: dict) -> None:
     """The implementation's process; exits, never returns."""
     code = 0
     try:
-        from harness.engine.boundary import die_with_parent
+        from llm_inference_harness.engine.boundary import die_with_parent
 
         die_with_parent(parent)
         os.setsid()
@@ -182,8 +182,8 @@ class Server:
 
     # -- loading ---------------------------------------------------------------------------------------------
     def load(self, load: dict) -> bool:
-        from harness.registry import load_elsewhere
-        from harness.runner import Target, _info, _load
+        from llm_inference_harness.engine.registry import load_elsewhere
+        from llm_inference_harness.engine.runner import Target, _info, _load
 
         if "describe" in load:
             return self.describe(load["describe"])
@@ -192,7 +192,7 @@ class Server:
         except BaseException as exc:  # noqa: BLE001 - a plugin that fails to load is a verdict, not a crash
             text = "".join(traceback.format_exception_only(exc)).strip()
             where = _where(exc, load.get("plugin"))
-            failure = getattr(exc, "failure", None)  # harness.plugins.PluginLoadError: whose fault, where
+            failure = getattr(exc, "failure", None)  # llm_inference_harness.engine.plugins.PluginLoadError: whose fault, where
             self.send(("load_failed", f"{where}{text}"[-4000:], dataclasses.asdict(failure) if failure else None))
             return False
         info = _info(impl)
@@ -205,8 +205,8 @@ class Server:
         """Import another distribution's module and say what it registered (the harness lists it from that)."""
         import importlib
 
-        from harness.registry import REGISTRY
-        from harness.runner import _info
+        from llm_inference_harness.engine.registry import REGISTRY
+        from llm_inference_harness.engine.runner import _info
 
         before = set(REGISTRY)
         try:
@@ -253,7 +253,7 @@ class Server:
         elif op == "many":
             kind, payload = "many", self.many(*rest)
         elif op == "paths":
-            from harness.replay import run_paths
+            from llm_inference_harness.sampling.replay import run_paths
 
             kind, payload = "paths", run_paths(self, *rest)
         else:
@@ -262,7 +262,7 @@ class Server:
         self.send(("r", rid, kind, payload, sinks, extras))
 
     def call(self, handle: int, method: str, args: list, kwargs: list, options: dict, extras: dict) -> tuple[str, Any]:
-        from harness.guard import ContractViolation, guarded_call
+        from llm_inference_harness.engine.guard import ContractViolation, guarded_call
 
         target = self.objects[handle]
         fn = target if method == "__call__" else getattr(target, method)
@@ -301,7 +301,7 @@ class Server:
         """Several calls of one object's methods, in order, under one alarm.  A group is ``(method, "call", args,
         kwargs)``, or ``(method, "each", [a, b, ...])``: the method once per single argument; its answer is
         ``("atoms", [...])`` when every call returned a plain value, else ``("each", [(kind, payload), ...])``."""
-        from harness.guard import ContractViolation, guarded_call
+        from llm_inference_harness.engine.guard import ContractViolation, guarded_call
 
         target, encode = self.objects[handle], self.encoder().encode
 
@@ -414,7 +414,7 @@ def _settings(options: dict):
     address-space headroom of a call that must refuse an oversized input (`address_space_headroom`)."""
     import torch
 
-    from harness.memory import address_space_headroom
+    from llm_inference_harness.engine.memory import address_space_headroom
 
     threads = torch.get_num_threads()
     if "threads" in options:
@@ -430,7 +430,7 @@ def _settings(options: dict):
 
 def _measured(fn, extras: dict):
     """``fn`` under a tensor-memory meter (the judge's meter is on): its peak and largest allocation reported."""
-    from harness.memory import TensorMemory
+    from llm_inference_harness.engine.memory import TensorMemory
 
     def measured(*args, **kwargs):
         with TensorMemory() as meter:

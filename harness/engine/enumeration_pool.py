@@ -1,6 +1,6 @@
 """Exact enumeration split over a Ray cluster: the judge composes, Ray actors run the branches.
 
-`harness.enumeration.exact_distribution` visits every branch of a sampler's randomness; past
+`llm_inference_harness.sampling.enumeration.exact_distribution` visits every branch of a sampler's randomness; past
 ``parallel_after_runs`` runs it hands the pending branches of the current round state, then whole round states
 one level at a time, to a pool of workers and sums the partial distributions they send back.  By default the
 pool is forked processes of this machine; ``exact_distribution(..., workers=n, pool=RayPool)`` makes it ``n``
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from harness.enumeration import results_of, run_task
+from llm_inference_harness.sampling.enumeration import results_of, run_task
 
 MAX_RESTARTS = 3
 CHUNKS_PER_ACTOR = 4  # per map: enough to even out unequal chunks, few enough that calls cost little
@@ -36,7 +36,7 @@ class _EnumerationWorker:
 
 
 class RayPool:
-    """``n`` Ray actors (one CPU each) in place of `harness.enumeration._Workers`' forked processes, started on
+    """``n`` Ray actors (one CPU each) in place of `llm_inference_harness.sampling.enumeration._Workers`' forked processes, started on
     first use; the session is Ray's current one (``ray.init`` first), or a new local instance."""
 
     def __init__(self, n: int, recipe: Callable) -> None:

@@ -74,7 +74,7 @@ def from_environment() -> ExampleDatabase | None:
     from hypothesis.database import DirectoryBasedExampleDatabase, MultiplexedDatabase, ReadOnlyDatabase
     from hypothesis.extra.redis import RedisExampleDatabase
 
-    from harness.provenance import output_root
+    from llm_inference_harness.engine.provenance import output_root
 
     shared = RedisExampleDatabase(connect(os.environ[URL]), expire_after=EXPIRE_AFTER, key_prefix=KEY_PREFIX)
     local = DirectoryBasedExampleDatabase(os.environ.get(LOCAL) or str(output_root() / "examples"))

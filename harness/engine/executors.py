@@ -1,14 +1,14 @@
 """Where units run: this machine's forked children (``local``, the default: no server), or a Ray cluster (``ray``).
 
-Either way a unit is judged by `harness.runner.check` / `harness.runner.kill_mutants` for its one target, in a
-checking process of its own (harness/isolation.py) on whichever machine runs it: the executor decides only
-where, never how.  Both return a result per unit (`harness.engine.units.Unit.key`).
+Either way a unit is judged by `llm_inference_harness.engine.runner.check` / `llm_inference_harness.engine.runner.kill_mutants` for its one target, in a
+checking process of its own (harness/engine/isolation.py) on whichever machine runs it: the executor decides only
+where, never how.  Both return a result per unit (`llm_inference_harness.engine.units.Unit.key`).
 
 ``local`` groups a shard's units by implementation and hands each group to the runner at once, ``jobs``
 implementations at a time, as an unsharded run does.
 
 ``ray`` submits a task per unit (`ray_unit`), spread over the cluster's nodes, one CPU each, the longest
-expected first (recorded durations, `harness.engine.units.Durations`: the run's tail is then short units).  A unit whose
+expected first (recorded durations, `llm_inference_harness.engine.units.Durations`: the run's tail is then short units).  A unit whose
 implementation declares devices without the CPU asks for them as Ray resources (``cuda``: a GPU; another
 device: a custom resource of its name), so it runs only on a node that declares them; where no node does, it
 runs anywhere and gets the verdict a machine without that device gives (its properties skip, saying so).  Ray
@@ -23,9 +23,8 @@ import os
 import socket
 import time
 
-from harness import runner
-from harness.engine import exampledb
-from harness.engine.units import Durations, Job, Unit, result_from_dict, result_to_dict, split
+from llm_inference_harness.engine import exampledb, runner
+from llm_inference_harness.engine.units import Durations, Job, Unit, result_from_dict, result_to_dict, split
 
 POLL_S = 0.05
 MAX_RETRIES = 3  # a unit's reruns after its worker or node died: a lost node's units go elsewhere
@@ -83,13 +82,13 @@ def ray_unit(unit: Unit, job: Job) -> dict:
     """What a Ray worker runs for a unit: the runner, on this node, for the unit's one target; its result as
     plain data with where and at which commit it ran."""
     global _profile_loaded
-    from harness import profiles, provenance
+    from llm_inference_harness.engine import profiles, provenance
 
     if _profile_loaded not in (None, job.profile):  # a property's settings are read when its module is imported
         raise RuntimeError(f"this worker imported the properties under profile {_profile_loaded}, not {job.profile}")
     profiles.load(job.profile)
     _profile_loaded = job.profile
-    from harness.registry import impls
+    from llm_inference_harness.engine.registry import impls
 
     impls(unit.technique, mutants=None)  # the registry, loaded here once: each unit's checking process forks with it
     start = time.perf_counter()
@@ -135,7 +134,7 @@ class Ray:
 
     def run(self, units: list[Unit], job: Job, progress: runner.Progress) -> dict[tuple[str, ...], runner.ImplResult]:
         ray = self.connect()
-        from harness import provenance
+        from llm_inference_harness.engine import provenance
 
         task = ray.remote(ray_unit)
         declared = ray.cluster_resources()
@@ -217,8 +216,8 @@ def _resources(needs: tuple[str, ...], declared: dict) -> tuple[dict, list[str]]
 
 def failed(unit: Unit, job: Job, why: str, output: str = "") -> runner.ImplResult:
     """A unit that never reported: its first property failed saying why, the others not run (as
-    `harness.runner` reports a checking process that stopped)."""
-    from harness.runner import properties_of, reproduce_command
+    `llm_inference_harness.engine.runner` reports a checking process that stopped)."""
+    from llm_inference_harness.engine.runner import properties_of, reproduce_command
 
     props = [unit.prop] if unit.prop is not None else [p.name for p in properties_of(unit.technique)]
     label = unit.target.name or unit.target.label
@@ -232,7 +231,7 @@ def failed(unit: Unit, job: Job, why: str, output: str = "") -> runner.ImplResul
 def _declared(unit: Unit) -> dict:
     """What the registry declares of a registered target (a mutant's killers and bug: its status needs them);
     nothing for a plugin, which only its checking process imports."""
-    from harness.registry import get
+    from llm_inference_harness.engine.registry import get
 
     if unit.target.name is None:
         return {}

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.provenance import SCHEMA_VERSION as VERDICTS_VERSION
+from llm_inference_harness.engine.provenance import SCHEMA_VERSION as VERDICTS_VERSION
 
 VERDICTS_SCHEMA = "llm-inference-harness/verdicts"  # docs/verdicts.md
 STATUSES = ("pass", "FAIL", "skip", "upstream", "stale")

@@ -1,4 +1,4 @@
-"""What docs/scale.md quotes, measured on this machine: ``python -m harness.engine.measure overhead|enumeration``.
+"""What docs/scale.md quotes, measured on this machine: ``python -m llm_inference_harness.engine.measure overhead|enumeration``.
 
 ``overhead``: the cost of a unit beyond its property's own time.  The same units (every CPU implementation of
 attention x quick properties) run one at a time on a one-CPU Ray cluster, then on this machine's local executor;
@@ -46,11 +46,11 @@ def _load() -> str:
 
 
 def overhead(repeats: int) -> None:
-    from harness import profiles
-    from harness.engine.executors import Local, Ray
-    from harness.engine.units import Job, check_units
-    from harness.registry import impls
-    from harness.runner import Progress, Target
+    from llm_inference_harness.engine import profiles
+    from llm_inference_harness.engine.executors import Local, Ray
+    from llm_inference_harness.engine.registry import impls
+    from llm_inference_harness.engine.runner import Progress, Target
+    from llm_inference_harness.engine.units import Job, check_units
 
     profiles.load("ci")
     targets = [Target("attention", name=i.name) for i in impls("attention") if "cpu" in i.devices]
@@ -77,12 +77,12 @@ def overhead(repeats: int) -> None:
 
 
 def enumeration(vocab: int, T: int, gamma: int, workers: int, repeats: int) -> None:
-    from harness.engine.enumeration_pool import RayPool
-    from harness.enumeration import exact_distribution, max_difference
-    from harness.lm import TableLM
-    from harness.registry import get
-    from harness.strategies.common import generator
-    from harness.strategies.speculative import probability_table
+    from llm_inference_harness.engine.enumeration_pool import RayPool
+    from llm_inference_harness.engine.registry import get
+    from llm_inference_harness.sampling.enumeration import exact_distribution, max_difference
+    from llm_inference_harness.sampling.lm import TableLM
+    from llm_inference_harness.strategies.common import generator
+    from llm_inference_harness.strategies.speculative import probability_table
 
     speculative = get("speculative", "standard").fn  # the standard rule, as registered
 
@@ -114,8 +114,8 @@ def plan_estimate(paths: list[str], implementations: int, hosts: int, cores: int
     import heapq
     import random
 
-    from harness.engine.units import Durations, Shard, Unit, plan
-    from harness.runner import Target
+    from llm_inference_harness.engine.runner import Target
+    from llm_inference_harness.engine.units import Durations, Shard, Unit, plan
 
     recorded = Durations.load(paths).recorded
     per_impl: dict[tuple[str, str], list[float]] = {}
@@ -146,7 +146,7 @@ def plan_estimate(paths: list[str], implementations: int, hosts: int, cores: int
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m harness.engine.measure", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m llm_inference_harness.engine.measure", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     o = sub.add_parser("overhead")
     o.add_argument("--repeats", type=int, default=2)

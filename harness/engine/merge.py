@@ -1,4 +1,4 @@
-"""``python -m harness merge OUT SHARD...``: the verdicts documents of a run's shards joined into the one the
+"""``harness merge OUT SHARD...``: the verdicts documents of a run's shards joined into the one the
 unsharded run writes.
 
 Each input is a document written with ``--shard I/N`` (``check --json``, ``mutants --json``), or a folder of them
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.engine import inputs, outputs
+from llm_inference_harness.engine import inputs, outputs
 
 
 class MergeError(Exception):
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return merge_paths([Path(p) for p in args.shards], Path(args.out), tuple(args.failing))
     except MergeError as exc:
-        print(f"python -m harness merge: {exc}", file=sys.stderr)
+        print(f"harness merge: {exc}", file=sys.stderr)
         return 2
 
 
@@ -153,7 +153,7 @@ def _count(document: dict) -> int:
 def failures(document: dict, failing: tuple[str, ...]) -> list[str]:
     """What makes the joined run exit 1: a verdict of status in ``failing`` of an implementation that should pass,
     or a mutant that survived its declared killers (as ``check`` and ``mutants`` decide)."""
-    from harness.runner import ImplResult, Target, Verdict, mutant_status
+    from llm_inference_harness.engine.runner import ImplResult, Target, Verdict, mutant_status
 
     found = []
     for part in document.get("techniques", [document]):

@@ -1,5 +1,5 @@
 """Machine-made mutants: cosmic-ray's mutation operators over impls/ and the README's example plugins, each mutant
-judged by its technique's `check` (harness.runner) in the profile asked for, in its own process like any plugin.
+judged by its technique's `check` (llm_inference_harness.engine.runner) in the profile asked for, in its own process like any plugin.
 
 Why cosmic-ray (8.x) and not mutmut (3.x): cosmic-ray's operators are a library -- `mutate_code(source, operator,
 occurrence)` on a parso tree -- so a mutant is a text we write to a file of our own and check as a plugin: the tree
@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import isolation, runner
+from llm_inference_harness.engine import isolation, runner
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_CHECK = re.compile(r"python -m harness check (\w+) --plugin docs/examples/(\w+\.py):(\w+)")
+EXAMPLE_CHECK = re.compile(r"harness check (\w+) --plugin docs/examples/(\w+\.py):(\w+)")
 ORIGINAL = "original"  # the operator name of a subject's unmutated text, judged first (its baseline)
 # A mutated text that is no valid Python, or that no longer registers the implementation judged (a tile size of its
 # name changed): neither killed nor survived -- no property judged it.
@@ -79,15 +79,16 @@ class Mutation:
 def subjects(techniques: Iterable[str] | None = None) -> list[Subject]:
     """The files of impls/ that register an implementation that can run here (mutants excluded), and the example
     plugins of docs/examples/, each with what it provides."""
-    from harness.contracts import load_techniques
-    from harness.registry import impls
+    from llm_inference_harness.contracts import load_techniques
+    from llm_inference_harness.engine.registry import impls
 
     chosen = set(techniques or load_techniques())
     by_file: dict[str, list[tuple[str, str]]] = {}
     for t in sorted(chosen):
         for impl in impls(t):
-            if not impl.unavailable and impl.source.startswith("impls."):
-                by_file.setdefault(impl.source.replace(".", "/") + ".py", []).append((t, impl.name))
+            if not impl.unavailable and impl.source.startswith("llm_inference_harness.impls."):
+                path = "/".join(impl.source.split(".")[1:]) + ".py"  # the folder impls/ is <top>.impls
+                by_file.setdefault(path, []).append((t, impl.name))
     found = [Subject(path, tuple(provides)) for path, provides in sorted(by_file.items())]
     for path in sorted((ROOT / "docs" / "examples").glob("*.py")):
         m = EXAMPLE_CHECK.search(path.read_text())
@@ -176,7 +177,7 @@ def unit_of(mutation: Mutation, source: str, *, profile: str, limit_s: float,
 
 def run_here(units: Sequence[CheckUnit], *, jobs: int = 1) -> Iterator[UnitResult]:
     """The local executor: the units of one technique and limit at a time, ``jobs`` checking children at once, each
-    unit's mutated text written to a temporary folder and checked as a plugin (`harness.runner.check`)."""
+    unit's mutated text written to a temporary folder and checked as a plugin (`llm_inference_harness.engine.runner.check`)."""
     groups: dict[tuple, list[CheckUnit]] = {}
     for u in units:
         groups.setdefault((u.technique, u.profile, u.limit_s, u.properties), []).append(u)
@@ -209,7 +210,7 @@ def _plugin_file(folder: Path, unit: CheckUnit) -> str:
     if unit.example:
         return f"{mutated}:{unit.name}"
     shim = folder / "mutant_plugin.py"
-    shim.write_text("from harness.engine.mutation import registered_by\n\n"
+    shim.write_text("from llm_inference_harness.engine.mutation import registered_by\n\n"
                     f"IMPL = registered_by({str(mutated)!r}, {unit.path!r}, {unit.technique!r}, {unit.name!r})\n")
     return f"{shim}:IMPL"
 
@@ -218,7 +219,7 @@ def registered_by(mutated: str, original: str, technique: str, name: str):
     """The record that the module at ``mutated`` registers as (technique, name), run as if it were the file at
     ``original`` (its ``__file__``: resources next to it resolve) into a registry of its own, so neither the real
     registrations nor the mutant's collide."""
-    from harness import registry
+    from llm_inference_harness.engine import registry
 
     registry.load_all()
     real, registry.REGISTRY = registry.REGISTRY, {}
@@ -245,7 +246,7 @@ def judge(mutations: Sequence[Mutation], out: Path, *, profile: str = "ci", exec
     """Judge each mutation not yet in ``out``/results.jsonl (a run resumes where it stopped), its subject's original
     first: the whole check's limit for a mutant is ``limit_factor`` times its original's time plus a minute.  Each
     record: the mutation, the mutated line before and after, the verdicts."""
-    from harness.profiles import load
+    from llm_inference_harness.engine.profiles import load
 
     load(profile)  # before a property module is imported: a test's settings are fixed at its import
     out.mkdir(parents=True, exist_ok=True)
@@ -456,7 +457,7 @@ def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40
         log: Callable[[str], None] = print) -> int:
     """Sample (or take an earlier run's ``plan``), judge (resuming what ``out`` holds), judge the survivors on their
     files' other implementations, and write summary.json and report.md; 0 when every technique reaches GOAL."""
-    from harness import provenance
+    from llm_inference_harness.engine import provenance
 
     all_subjects = subjects(techniques)
     chosen = planned(plan, all_subjects) if plan else sample(all_subjects, per_stratum, seed)

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.engine.inputs import UsageError
+from llm_inference_harness.engine.inputs import UsageError
 
 
 class OutputError(UsageError):

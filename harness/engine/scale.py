@@ -1,7 +1,7 @@
 """The command line's way into the engine: the flags of ``check``, ``mutants`` and ``run`` that shard a run, pick
 its executor and share its example database (docs/scale.md), and the calls that plan and run a document's units.
 
-Without any of them a run is what it always was: `harness.runner.check` / `kill_mutants` on this machine's
+Without any of them a run is what it always was: `llm_inference_harness.engine.runner.check` / `kill_mutants` on this machine's
 forked children, no server.
 """
 
@@ -10,10 +10,19 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from harness import runner
-from harness.engine import exampledb
-from harness.engine.executors import Local, Ray
-from harness.engine.units import Durations, Job, Plan, Shard, Unit, check_units, gather, mutant_units, plan
+from llm_inference_harness.engine import exampledb, runner
+from llm_inference_harness.engine.executors import Local, Ray
+from llm_inference_harness.engine.units import (
+    Durations,
+    Job,
+    Plan,
+    Shard,
+    Unit,
+    check_units,
+    gather,
+    mutant_units,
+    plan,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 
 A unit is the smallest piece of a run that is judged on its own: one property of a technique against one
 implementation (``check``), or one mutant to kill (``mutants``: its declared killers first, as
-`harness.runner.kill_mutants` does).  Units are listed in the order the unsharded run reports them (technique,
+`llm_inference_harness.engine.runner.kill_mutants` does).  Units are listed in the order the unsharded run reports them (technique,
 then implementation, then property), so concatenating the shards in order gives the unsharded document's order.
 
 `plan` cuts that list into ``n`` contiguous runs of about equal expected duration: each shard gets whole
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.runner import ImplResult, Target, Verdict
+from llm_inference_harness.engine.runner import ImplResult, Target, Verdict
 
 # The means over the whole ci matrix as recorded on a shared 2-core Xeon at load ~12 (docs/scale.md; idle, about a
 # quarter): a check unit 1.2 s, a mutant 3.5 s per declared killer.  Only their ratio moves a plan.
@@ -54,8 +54,8 @@ class Unit:
 
 @dataclass(frozen=True)
 class Job:
-    """What every unit of a run is asked: the profile, and the options of `harness.runner.check` and
-    `harness.runner.kill_mutants`."""
+    """What every unit of a run is asked: the profile, and the options of `llm_inference_harness.engine.runner.check` and
+    `llm_inference_harness.engine.runner.kill_mutants`."""
 
     profile: str
     shrink: bool = True
@@ -65,7 +65,7 @@ class Job:
 
 def check_units(technique: str, targets: list[Target], props: list[str]) -> list[Unit]:
     """technique x target x property, in the order a check reports them."""
-    from harness.registry import impls
+    from llm_inference_harness.engine.registry import impls
 
     devices = {i.name: i.devices for i in impls(technique, mutants=None)}
     return [Unit(technique, t, p, needs=_needs(devices.get(t.name, ()) if t.name else ())) for t in targets
@@ -74,7 +74,7 @@ def check_units(technique: str, targets: list[Target], props: list[str]) -> list
 
 def mutant_units(techniques: list[str]) -> list[Unit]:
     """Every registered mutant of ``techniques``, in the order `harness mutants` reports them."""
-    from harness.registry import impls
+    from llm_inference_harness.engine.registry import impls
 
     return [Unit(t, Target(t, name=m.name), needs=_needs(m.devices), killers=max(1, len(m.killed_by)))
             for t in techniques for m in impls(t, mutants=True)]

@@ -234,17 +234,25 @@ def module_state(module: torch.nn.Module) -> tuple:
     return tuple((name, id(t), t._version) for name, t in module.state_dict(keep_vars=True).items())
 
 
+_PACKAGE = __name__.split(".")[0]  # the harness's top-level name: this module is <it>.engine.wire
+
+
+def _ours(module: str) -> bool:
+    """A module of the harness itself; implementations (impls/ too) are judged like any plugin."""
+    return module.split(".")[0] == _PACKAGE and module.split(".")[1:2] != ["impls"]
+
+
 def _harness_record(kind: type) -> bool:
     """The harness's value types travel as their fields: named tuples (a `Quantized`), frozen dataclasses, and the
     contracts' own dataclasses (a `Generation`).  Another dataclass holds state (an adapter's cache) and travels
     as a reference, like any object."""
     module = getattr(kind, "__module__", "") or ""
-    if module.split(".")[0] != "harness":
+    if not _ours(module):
         return False
     if issubclass(kind, tuple) and hasattr(kind, "_fields"):
         return True
     frozen = dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen
-    return frozen or (dataclasses.is_dataclass(kind) and module.startswith("harness.contracts"))
+    return frozen or (dataclasses.is_dataclass(kind) and module.startswith(f"{_PACKAGE}.contracts"))
 
 
 def changed_inputs(encoder: Encoder) -> list[str]:
@@ -345,7 +353,7 @@ class Decoder:
         makes this process import anything); otherwise a dict of its fields."""
         module, _, qualname = where.partition(":")
         values = {_str(k): self.decode(v, depth) for k, v in fields}
-        cls = sys.modules.get(module) if module.split(".")[0] == "harness" else None
+        cls = sys.modules.get(module) if _ours(module) else None
         for part in qualname.split(".") if cls is not None else ():
             cls = getattr(cls, part, None)
         if isinstance(cls, type) and _harness_record(cls):
@@ -406,7 +414,7 @@ def encode_exception(exc: BaseException) -> tuple:
     base = next((c for c in type(exc).__mro__ if c.__name__ in BUILTIN_ERRORS and c.__module__ == "builtins"),
                 Exception)
     harness_class = next((f"{c.__module__}:{c.__qualname__}" for c in type(exc).__mro__
-                          if (c.__module__ or "").split(".")[0] == "harness"), "")
+                          if _ours(c.__module__ or "")), "")
     text = str(exc.args[0]) if isinstance(exc, KeyError) and len(exc.args) == 1 else str(exc)
     return ("E", type(exc).__name__, base.__name__, harness_class, text[:20000])
 

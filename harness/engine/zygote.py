@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Any
 
-from harness.engine.boundary import describe_status, die_with_parent
+from llm_inference_harness.engine.boundary import describe_status, die_with_parent
 
 
 class Zygote:
@@ -75,8 +75,8 @@ def _read_frame(sock: socket.socket, first: bytes = b"") -> bytes:
 
 def _serve(sock: socket.socket, parent: int) -> None:
     """The zygote's loop: fork on "spawn", report on "wait"; exit when the judge's end closes."""
-    from harness.engine import callserver
-    from harness.registry import load_all
+    from llm_inference_harness.engine import callserver
+    from llm_inference_harness.engine.registry import load_all
 
     die_with_parent(parent)
     load_all()  # imported once here, not in every process forked from here (imports compute nothing)

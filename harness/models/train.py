@@ -1,4 +1,4 @@
-"""Train the zoo's models on the farm world, deterministically: ``python -m harness.models.train [--model NAME|all]``.
+"""Train the zoo's models on the farm world, deterministically: ``python -m llm_inference_harness.models.train [--model NAME|all]``.
 
 Each step draws a fresh batch of documents from the seeded generator (an endless stream, so
 nothing is memorized), pads it, and takes one AdamW step on next-token cross-entropy with a
@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 import torch
 from safetensors.torch import save_file
 
-from harness.models import zoo
-from harness.models.gpt import GPT, GPTConfig, nll_loss
-from harness.models.world import TOKENIZER, TRAIN_SEED, generate_document
-from harness.progress import progress
+from llm_inference_harness.engine.progress import progress
+from llm_inference_harness.models import zoo
+from llm_inference_harness.models.gpt import GPT, GPTConfig, nll_loss
+from llm_inference_harness.models.world import TOKENIZER, TRAIN_SEED, generate_document
 
 TARGET = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=4, n_head=4, n_kv_head=4, n_embd=128, positions="rotary")
 DRAFT_SMALL = GPTConfig(vocab_size=TOKENIZER.vocab_size, n_layer=1, n_head=2, n_kv_head=1, n_embd=32,

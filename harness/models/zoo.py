@@ -8,7 +8,7 @@
     sample(model, n_docs, seed) -> docs         ancestral sampling from BOS until EOS (or the context ends)
     grammatical_fraction(docs) -> float         share of documents the exact parser accepts
 
-Weights are safetensors files next to a JSON of metadata; `python -m harness.models.train`
+Weights are safetensors files next to a JSON of metadata; `python -m llm_inference_harness.models.train`
 reproduces both.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from harness.models.gpt import GPT, ConcatCache, GPTConfig, nll_loss
-from harness.models.world import TEST_SEED, TOKENIZER, Tokenizer, corpus, is_grammatical
+from llm_inference_harness.models.gpt import GPT, ConcatCache, GPTConfig, nll_loss
+from llm_inference_harness.models.world import TEST_SEED, TOKENIZER, Tokenizer, corpus, is_grammatical
 
 WEIGHTS = Path(__file__).parent / "weights"
 MODELS = ("target", "draft_good", "draft_bad")
@@ -41,7 +41,7 @@ def metadata(name: str) -> dict:
         raise ValueError(f"zoo: name must be one of {MODELS}, got {name!r}")
     path = WEIGHTS / f"{name}.json"
     if not path.exists():
-        raise FileNotFoundError(f"zoo: {path} is missing; run `python -m harness.models.train --model {name}`")
+        raise FileNotFoundError(f"zoo: {path} is missing; run `python -m llm_inference_harness.models.train --model {name}`")
     return json.loads(path.read_text())
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, score_dtype
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, score_dtype
 
 
 def attention64(q, k, v, *, causal: bool = False, scale: float | None = None,

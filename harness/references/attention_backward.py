@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, score_dtype
-from harness.references.attention import _scores, _softmax_rows, attention64
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, score_dtype
+from llm_inference_harness.references.attention import _scores, _softmax_rows, attention64
 
 
 def attention_backward64(q, k, v, do, *, causal: bool = False, scale: float | None = None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.references.attention import PLAIN_ORDERS, attention64, attention_plain
+from llm_inference_harness.references.attention import PLAIN_ORDERS, attention64, attention_plain
 
 
 def right_padded(seqs: list[torch.Tensor]) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.contracts.quantization import Quantized, code_range, qmax, scale_divisor, scale_shape
+from llm_inference_harness.contracts.quantization import Quantized, code_range, qmax, scale_divisor, scale_shape
 
 
 def quantize64(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> Quantized:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, dequantize, step_per_element
-from harness.contracts.quantized_linear import Scheme
-from harness.references.quantization import declared_quantize64
+from llm_inference_harness.contracts.quantization import QuantizationCaps, dequantize, step_per_element
+from llm_inference_harness.contracts.quantized_linear import Scheme
+from llm_inference_harness.references.quantization import declared_quantize64
 
 
 def smoothing_factors64(act_absmax: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -4,7 +4,7 @@
 contract's definitions (ranks and masses by pairwise comparison, no sort, so it shares no code path with a
 sort-based implementation); `distribution` the softmax over a given kept set.  Two allowances follow the
 implementation's dtype: `plain` is that softmax computed in the dtype in two operation orders (the earned
-bound of harness/tolerance.py), and `threshold_slack` the width within which a keep-or-drop comparison is a
+bound of harness/engine/tolerance.py), and `threshold_slack` the width within which a keep-or-drop comparison is a
 matter of rounding: ``kept(..., slack=-s)`` is what every implementation must keep, ``kept(..., slack=s)`` what
 it may keep.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.contracts.sampling import ORDERS, SamplingParams
-from harness.tolerance import EPS, TOLERANCES
+from llm_inference_harness.contracts.sampling import ORDERS, SamplingParams
+from llm_inference_harness.engine.tolerance import EPS, TOLERANCES
 
 TINY = 1e-30  # probabilities below this are not compared relatively: float32's exp underflows near 1e-38
 
@@ -128,7 +128,7 @@ def threshold_slack(logits: torch.Tensor, params: SamplingParams, dtype: torch.d
 
 
 class ProcessedLM:
-    """An LM (harness.lm) whose every row is the reference's processing of log p with one row of parameters: the
+    """An LM (llm_inference_harness.sampling.lm) whose every row is the reference's processing of log p with one row of parameters: the
     distribution a speculative sampler's output must follow when the request samples with them."""
 
     def __init__(self, lm, params: SamplingParams, order: str = "transformers", ties: str = "index") -> None:

@@ -10,8 +10,8 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
-from harness.tolerance import dtype_of
+from llm_inference_harness.engine.tolerance import dtype_of
+from llm_inference_harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
 
 ARGUMENTS = ("q", "k", "v", "o", "lse", "do")  # the tensors of a forward (q, k, v) and of a backward call
 LAYOUTS = ("contiguous", "transposed", "pooled")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from harness.strategies.attention import ARGUMENTS, AttentionCase, attention_cases
-from harness.strategies.common import generator
+from llm_inference_harness.strategies.attention import ARGUMENTS, AttentionCase, attention_cases
+from llm_inference_harness.strategies.common import generator
 
 
 def output_grad(case: AttentionCase) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Batch compositions for the batch-invariance properties (harness/batch_invariance.py): a row of a technique's
+"""Batch compositions for the batch-invariance properties (harness/engine/batch_invariance.py): a row of a technique's
 own case, the other rows it is batched with, where it sits, a permutation, query chunks, a serving schedule.
 
 Each composition is a frozen dataclass built from the technique's case (harness/strategies/<technique>.py),
-so the properties draw them and the measurement (`harness.batch_invariance.measure`) builds a fixed list of
+so the properties draw them and the measurement (`llm_inference_harness.engine.batch_invariance.measure`) builds a fixed list of
 them from seeds, and both compute the same comparisons.
 """
 
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.strategies.attention import ARGUMENTS, AttentionCase, attention_cases
-from harness.strategies.common import generator, seeds
-from harness.strategies.kvcache import DecodeCase, decode_cases
-from harness.strategies.paged_attention import PagedAttentionCase, paged_attention_cases
-from harness.strategies.quantized_linear import LinearCase, linear_cases
-from harness.strategies.speculative import SpeculativeCase, speculative_cases
+from llm_inference_harness.strategies.attention import ARGUMENTS, AttentionCase, attention_cases
+from llm_inference_harness.strategies.common import generator, seeds
+from llm_inference_harness.strategies.kvcache import DecodeCase, decode_cases
+from llm_inference_harness.strategies.paged_attention import PagedAttentionCase, paged_attention_cases
+from llm_inference_harness.strategies.quantized_linear import LinearCase, linear_cases
+from llm_inference_harness.strategies.speculative import SpeculativeCase, speculative_cases
 
 MAGNITUDES = (1e-2, 1.0, 30.0)  # other rows' scale: a kernel with a batch-wide max or scale shows it
 

@@ -7,9 +7,9 @@ tokens[:i+1], so a block reused under the wrong prefix reads back wrong, whichev
 
 from __future__ import annotations
 
-from harness.contracts.block_manager import NullStorage
-from harness.guard import ContractViolation
-from harness.strategies.block_manager import PoolGeometry
+from llm_inference_harness.contracts.block_manager import NullStorage
+from llm_inference_harness.engine.guard import ContractViolation
+from llm_inference_harness.strategies.block_manager import PoolGeometry
 
 
 class Prefixes:

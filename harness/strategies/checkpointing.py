@@ -1,4 +1,4 @@
-"""Activation-checkpointing cases (harness/checkpointing.py): the toy tanh stack."""
+"""Activation-checkpointing cases (harness/analytic/checkpointing.py): the toy tanh stack."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.strategies.common import generator, seeds
-from harness.tolerance import dtype_of
+from llm_inference_harness.engine.tolerance import dtype_of
+from llm_inference_harness.strategies.common import generator, seeds
 
 
 @dataclass(frozen=True)

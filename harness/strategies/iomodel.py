@@ -1,4 +1,4 @@
-"""IO-model cases (harness/iomodel.py): one head's sizes and block sizes, values from a seed."""
+"""IO-model cases (harness/analytic/iomodel.py): one head's sizes and block sizes, values from a seed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.strategies.common import generator, seeds
+from llm_inference_harness.strategies.common import generator, seeds
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from harness.strategies.common import generator, seeds
-from harness.tolerance import dtype_of
+from llm_inference_harness.engine.tolerance import dtype_of
+from llm_inference_harness.strategies.common import generator, seeds
 
 POSITIONS = 32  # the block_size of every decode case's model: the most tokens a sequence may hold
 
@@ -29,7 +29,7 @@ class DecodeCase:
     seed: int
 
     def config(self, n_kv_head: int | None = None):
-        from harness.models.gpt import GPTConfig
+        from llm_inference_harness.models.gpt import GPTConfig
 
         return GPTConfig(vocab_size=self.vocab, block_size=POSITIONS, n_layer=self.n_layer, n_head=self.n_head,
                          n_kv_head=n_kv_head or self.n_kv_head, n_embd=self.n_head * self.head_dim,
@@ -37,7 +37,7 @@ class DecodeCase:
 
     def model(self):
         """A GPT with weights drawn from the seed (independent of torch's global RNG), in self.dtype."""
-        from harness.models.gpt import GPT
+        from llm_inference_harness.models.gpt import GPT
 
         model, g = GPT(self.config()).double().eval(), generator(self.seed)
         with torch.no_grad():

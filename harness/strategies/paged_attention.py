@@ -10,7 +10,8 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from harness.strategies.attention import (
+from llm_inference_harness.engine.tolerance import dtype_of
+from llm_inference_harness.strategies.attention import (
     AMBIGUITY,
     GRID_EDGES,
     LAYOUTS,
@@ -20,8 +21,7 @@ from harness.strategies.attention import (
     laid_out,
     layout_events,
 )
-from harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
-from harness.tolerance import dtype_of
+from llm_inference_harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from harness.contracts.quantization import GRANULARITIES
-from harness.strategies.common import generator, seeds
-from harness.tolerance import dtype_of
+from llm_inference_harness.contracts.quantization import GRANULARITIES
+from llm_inference_harness.engine.tolerance import dtype_of
+from llm_inference_harness.strategies.common import generator, seeds
 
 QUANT_GROUP_SIZES = (1, 2, 3, 4, 8, 16, 32, 64, 128)
 # Reductions longer than one 256-, 512-, 1024- or 4096-element block: a kernel that reduces only its first

@@ -8,9 +8,9 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
-from harness.strategies.common import generator, seeds
-from harness.strategies.quantization import LONG_ROWS
-from harness.tolerance import dtype_of
+from llm_inference_harness.engine.tolerance import dtype_of
+from llm_inference_harness.strategies.common import generator, seeds
+from llm_inference_harness.strategies.quantization import LONG_ROWS
 
 
 @dataclass(frozen=True)

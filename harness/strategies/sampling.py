@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 import torch
 from hypothesis import strategies as st
 
-from harness.contracts.sampling import OFF, PARAMS, SamplingParams, sampling_params
-from harness.strategies.common import generator, seeds
-from harness.tolerance import dtype_of
+from llm_inference_harness.contracts.sampling import OFF, PARAMS, SamplingParams, sampling_params
+from llm_inference_harness.engine.tolerance import dtype_of
+from llm_inference_harness.strategies.common import generator, seeds
 
 TEMPERATURES = [1.0, 0.0, 0.5, 0.7, 1.5, 2.0, 0.25]
 TOP_PS = [1.0, 0.9, 0.75, 0.5, 0.3, 0.1, 1e-3]

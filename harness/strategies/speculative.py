@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from harness.strategies.common import generator, seeds
+from llm_inference_harness.strategies.common import generator, seeds
 
 
 def probability_table(V: int, order: int, zeros: float, g: torch.Generator) -> torch.Tensor:
@@ -28,7 +28,7 @@ SMALL_INTS = 257  # CPython keeps one object for each int in -5..256: below this
 def past_small_ints(seed: int, V: int = 320):
     """A context-free model whose every probable token has an id past 256, as most ids of a real vocabulary (32k or
     more) do: two equal ids there are two int objects, so a token compared with `is` instead of `==` differs."""
-    from harness.lm import TableLM
+    from llm_inference_harness.sampling.lm import TableLM
 
     t = probability_table(V, 0, 0.0, generator(seed))  # (V,)
     t[:SMALL_INTS] = 0.0
@@ -49,7 +49,7 @@ class SpeculativeCase:
     seed: int
 
     def models(self):
-        from harness.lm import TableLM
+        from llm_inference_harness.sampling.lm import TableLM
 
         g = generator(self.seed)
         target = TableLM(probability_table(self.V, self.target_order, self.zeros, g))
@@ -117,7 +117,7 @@ class ContextFreePair:
     seed: int
 
     def models(self):
-        from harness.lm import TableLM
+        from llm_inference_harness.sampling.lm import TableLM
 
         g = generator(self.seed)
         p, q = (probability_table(self.V, 0, self.zeros, g) for _ in range(2))

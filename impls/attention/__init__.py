@@ -4,7 +4,7 @@ The entry point of this technique (pyproject.toml, group harness.impls): importi
 every implementation and mutant listed below.
 """
 
-from impls.attention import (  # noqa: F401 - imported to register
+from llm_inference_harness.impls.attention import (  # noqa: F401 - imported to register
     batch_invariant,
     fa1,
     fa2,

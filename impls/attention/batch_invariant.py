@@ -1,7 +1,7 @@
 """Batch-invariant attention: softmax(q k^T * scale) v with every reduction in a fixed order.
 
 Scores are dot products over d and the output sums over the keys, each added term by term in index order,
-the normalizer a tree over the keys (harness/fixed_order.py), so a row's output depends on its own q,
+the normalizer a tree over the keys (harness/numerics/fixed_order.py), so a row's output depends on its own q,
 k and v only: not on the batch size, the other rows, their order, how many of its queries share the call
 (keys a query cannot see add exact zeros), or the thread count.  Invariant: out[b] is bit-identical to
 the same call on row b alone, and a chunk of causal queries with the keys its last query sees gives the
@@ -11,10 +11,10 @@ section "batch-invariant attention" (fixed split size, no batch-dependent split-
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, no_work_output
-from harness.fixed_order import attention
-from harness.online_softmax import accumulator_dtype
-from harness.registry import register
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, no_work_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.numerics.fixed_order import attention
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 @register("attention", "batch_invariant", devices=("cpu", "cuda"),

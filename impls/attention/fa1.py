@@ -8,9 +8,9 @@ Dao et al. 2022, "FlashAttention", Sec. 3.1, Algorithm 1.
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs
-from harness.online_softmax import accumulator_dtype
-from impls.attention.tiled import register_tiles
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs
+from llm_inference_harness.impls.attention.tiled import register_tiles
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 def fa1_attention(q, k, v, *, causal=False, scale=None, Br=32, Bc=32):

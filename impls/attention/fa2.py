@@ -8,9 +8,9 @@ the exact softmax-weighted average over keys 0..j.  Causal key blocks entirely a
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs
-from harness.online_softmax import accumulator_dtype
-from impls.attention.tiled import register_tiles
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs
+from llm_inference_harness.impls.attention.tiled import register_tiles
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 def fa2_attention(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):

@@ -18,9 +18,9 @@ FlashAttention-4", 2025).
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs
-from harness.online_softmax import accumulator_dtype
-from impls.attention.tiled import register_tiles
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs
+from llm_inference_harness.impls.attention.tiled import register_tiles
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 TAU = 8.0  # rescale only when a row max grows by more than this: p = e^(s - m) stays <= e^8
 

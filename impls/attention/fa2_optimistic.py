@@ -28,9 +28,9 @@ from typing import NamedTuple
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, no_work_output
-from harness.online_softmax import accumulator_dtype
-from impls.attention.tiled import register_tiles
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, no_work_output
+from llm_inference_harness.impls.attention.tiled import register_tiles
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 LIMIT = 2.0**40  # largest row sum accepted from a fixed shift: every e^(S - m) <= 2^40, far from overflow
 FLOOR = 2.0**-60  # smallest row sum accepted: its largest term is a normal float32, the lost ones < 2^-89 of it

@@ -17,8 +17,8 @@ import warnings
 
 import torch
 
-from harness.contracts.attention import check_inputs, check_scores_budget
-from harness.registry import register
+from llm_inference_harness.contracts.attention import check_inputs, check_scores_budget
+from llm_inference_harness.engine.registry import register
 
 
 @register("attention", "flex", devices=("cpu", "cuda"),

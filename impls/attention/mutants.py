@@ -6,8 +6,8 @@ so each differs from a correct tiled kernel by exactly the bug it is named after
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, no_work_output
-from harness.registry import register
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, no_work_output
+from llm_inference_harness.engine.registry import register
 
 BUGS = {
     "cheating_softmax": "each key block normalized on its own and the block outputs averaged",

@@ -12,10 +12,10 @@ import math
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, no_work_output
-from harness.fixed_order import attention_partial
-from harness.online_softmax import accumulator_dtype, finalize, merge
-from harness.registry import register
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, no_work_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.numerics.fixed_order import attention_partial
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype, finalize, merge
 
 SMS = 8  # "streaming multiprocessors": fewer (batch x heads x query blocks) than this and the keys are split
 QUERY_BLOCK = 64  # query rows per block, as FlashAttention-2 counts its thread blocks

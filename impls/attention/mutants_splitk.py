@@ -6,9 +6,9 @@ every partition had been shifted by the same max.  It is exact only when all par
 equal (e.g. a single partition), which is why a one-partition test would never see it.
 """
 
-from harness.online_softmax import Partial, finalize
-from harness.registry import register
-from impls.attention.splitk_decode import partition_partials, tree_combine
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.attention.splitk_decode import partition_partials, tree_combine
+from llm_inference_harness.numerics.online_softmax import Partial, finalize
 
 
 def merge_without_rescale(a: Partial, b: Partial) -> Partial:

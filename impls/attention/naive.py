@@ -9,8 +9,14 @@ Dao et al. 2022, "FlashAttention", Algorithm 0.
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget, no_work_output, score_dtype
-from harness.registry import register
+from llm_inference_harness.contracts.attention import (
+    causal_allowed,
+    check_inputs,
+    check_scores_budget,
+    no_work_output,
+    score_dtype,
+)
+from llm_inference_harness.engine.registry import register
 
 
 @register("attention", "naive", devices=("cpu", "cuda"), cite="Dao et al. 2022, Algorithm 0")

@@ -5,8 +5,8 @@ float64, the full score matrix materialized, masked-out rows set to zero.
 Vaswani et al. 2017, "Attention Is All You Need", Sec. 3.2.1.
 """
 
-from harness.references.attention import attention64
-from harness.registry import register
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.references.attention import attention64
 
 
 @register("attention", "reference", devices=("cpu", "cuda"), cite="Vaswani et al. 2017, Sec. 3.2.1",

@@ -19,8 +19,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget
-from harness.registry import register
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget
+from llm_inference_harness.engine.registry import register
 
 
 @register("attention", "sdpa", devices=("cpu", "cuda"), cite="PyTorch scaled_dot_product_attention",

@@ -3,7 +3,7 @@
 The keys are cut into P partitions of `split` keys; each partition's partial (m, l, acc) is
 computed independently (on a GPU by its own thread block, so a single query still fills the
 machine), then the partials are combined by a log2(P)-deep tree of the (m, l, o) merge of
-harness/online_softmax.py.  Invariant: each partial is exact over its own keys, and merging two
+harness/numerics/online_softmax.py.  Invariant: each partial is exact over its own keys, and merging two
 disjoint partials gives the partial of their union -- rescaled to the larger max, e^(m_i - m).
 Exact for any Nq, but built for decoding: the scores of all partitions exist at once, O(Nq Nk)
 per head like the naive kernel, which is nothing at Nq = 1 and wasteful for long prompts.
@@ -15,9 +15,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.attention import check_inputs, check_scores_budget
-from harness.online_softmax import Partial, accumulator_dtype, finalize, merge, partial
-from harness.registry import register
+from llm_inference_harness.contracts.attention import check_inputs, check_scores_budget
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.numerics.online_softmax import Partial, accumulator_dtype, finalize, merge, partial
 
 
 def partition_partials(q, k, v, *, causal, scale, split):

@@ -4,7 +4,7 @@ Each size is its own implementation (`<prefix>_<Br>x<Bc>`), so the property suit
 the benchmarks compare them; odd sizes that divide nothing test the partial last tiles.
 """
 
-from harness.registry import register
+from llm_inference_harness.engine.registry import register
 
 
 def register_tiles(prefix: str, kernel, tiles: tuple[tuple[int, int], ...], *, io: str, cite: str) -> None:

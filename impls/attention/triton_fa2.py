@@ -17,8 +17,8 @@ import os
 
 import torch
 
-from harness.contracts.attention import check_inputs
-from harness.registry import register
+from llm_inference_harness.contracts.attention import check_inputs
+from llm_inference_harness.engine.registry import register
 
 
 @functools.cache

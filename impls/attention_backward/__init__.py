@@ -4,7 +4,7 @@ The entry point of this technique (pyproject.toml, group harness.impls): importi
 every implementation and mutant listed below.
 """
 
-from impls.attention_backward import (  # noqa: F401 - imported to register
+from llm_inference_harness.impls.attention_backward import (  # noqa: F401 - imported to register
     fa2,
     fa2_forward_lse,
     mutants,

@@ -11,10 +11,10 @@ Dao 2023, "FlashAttention-2", Sec. 3.2, Algorithm 2.
 
 import torch
 
-from harness.contracts.attention import causal_allowed
-from harness.contracts.attention_backward import check_backward_inputs
-from harness.online_softmax import accumulator_dtype
-from harness.registry import register
+from llm_inference_harness.contracts.attention import causal_allowed
+from llm_inference_harness.contracts.attention_backward import check_backward_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 def fa2_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, Br=64, Bc=64):

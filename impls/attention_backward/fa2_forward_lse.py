@@ -9,9 +9,9 @@ Dao 2023, "FlashAttention-2", Sec. 3.1, Algorithm 1 (line 13: L_i = m_i + log l_
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs
-from harness.online_softmax import accumulator_dtype
-from harness.registry import register
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 def fa2_forward_lse(q, k, v, *, causal=False, scale=None, Br=64, Bc=64):

@@ -6,10 +6,10 @@ single bug switched on, so each differs from impls/attention_backward/fa2.py by 
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget
-from harness.contracts.attention_backward import check_backward_inputs
-from harness.registry import register
-from impls.attention.mutants import as_if_contiguous
+from llm_inference_harness.contracts.attention import causal_allowed, check_inputs, check_scores_budget
+from llm_inference_harness.contracts.attention_backward import check_backward_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.attention.mutants import as_if_contiguous
 
 BUGS = {
     "unmasked_key_padding": "K/V padded to a multiple of the tile with unwritten (NaN) slots and keys past Nk "

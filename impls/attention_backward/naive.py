@@ -7,10 +7,10 @@ dS = P o (dP - D) with D_i = dO_i . O_i.  Dao et al. 2022, "FlashAttention", Alg
 
 import torch
 
-from harness.contracts.attention import causal_allowed, check_scores_budget
-from harness.contracts.attention_backward import check_backward_inputs
-from harness.online_softmax import accumulator_dtype
-from harness.registry import register
+from llm_inference_harness.contracts.attention import causal_allowed, check_scores_budget
+from llm_inference_harness.contracts.attention_backward import check_backward_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 @register("attention_backward", "naive", devices=("cpu", "cuda"), cite="Dao et al. 2022, Algorithm 3")

@@ -7,10 +7,10 @@ are not used).  Vaswani et al. 2017, Sec. 3.2.1; the gradients of softmax as in 
 
 import torch
 
-from harness.contracts.attention import check_scores_budget
-from harness.contracts.attention_backward import check_backward_inputs
-from harness.references.attention_backward import attention_backward64
-from harness.registry import register
+from llm_inference_harness.contracts.attention import check_scores_budget
+from llm_inference_harness.contracts.attention_backward import check_backward_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.references.attention_backward import attention_backward64
 
 
 @register("attention_backward", "reference", devices=("cpu", "cuda"), cite="autograd of Vaswani et al. 2017",

@@ -4,7 +4,7 @@ The entry point of this technique (pyproject.toml, group harness.impls): importi
 every implementation and mutant listed below.
 """
 
-from impls.block_manager import (  # noqa: F401 - imported to register
+from llm_inference_harness.impls.block_manager import (  # noqa: F401 - imported to register
     mutants,
     simple,
     vllm_style,

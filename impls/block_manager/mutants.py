@@ -12,9 +12,9 @@ sequence freed while swapped out never returned, an evicted block left in the pr
 block ids kept in a byte, tables capped at 512 entries (a fixed max_num_blocks_per_seq).
 """
 
-from harness.contracts.block_manager import OutOfBlocks, check_tokens
-from harness.registry import register
-from impls.block_manager.simple import Seq, SimpleBlockManager
+from llm_inference_harness.contracts.block_manager import OutOfBlocks, check_tokens
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.block_manager.simple import Seq, SimpleBlockManager
 
 
 class NoCopyOnWrite(SimpleBlockManager):

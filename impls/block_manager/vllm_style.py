@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import hashlib
 
-from harness.contracts.block_manager import OutOfBlocks, check_block, check_geometry, check_token, check_tokens
-from harness.registry import register
+from llm_inference_harness.contracts.block_manager import (
+    OutOfBlocks,
+    check_block,
+    check_geometry,
+    check_token,
+    check_tokens,
+)
+from llm_inference_harness.engine.registry import register
 
 
 class Block:

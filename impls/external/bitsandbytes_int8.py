@@ -14,9 +14,9 @@ backends/default/ops.py (int8_vectorwise_quant, int8_mixed_scaled_mm).
 
 import logging
 
-from harness.contracts.quantized_linear import check_bits, check_inputs
-from harness.registry import known_failure, register
-from impls.external.common import FIRST_CALL_IMPORTS_S, Library
+from llm_inference_harness.contracts.quantized_linear import check_bits, check_inputs
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 BNB = Library("bitsandbytes", "bitsandbytes",
               install="pip install --no-deps bitsandbytes (pip would replace torch otherwise)")

@@ -2,7 +2,7 @@
 importing it at the adapter's first call.
 
 An adapter registers whether or not its library is installed: without it the record carries an
-``unavailable`` reason (every property skips with it, ``python -m harness list`` prints it, the benchmarks
+``unavailable`` reason (every property skips with it, ``harness list`` prints it, the benchmarks
 show n/a), so CI without the ``external`` extra stays green and the matrix says what was not checked.  The
 library is imported on first use, never at registration: torchao, bitsandbytes and transformers' generation
 utilities take seconds each to import, and every process that lists the registry would pay for them.
@@ -17,7 +17,7 @@ import io
 from dataclasses import dataclass
 from types import ModuleType
 
-from harness.registry import library_unavailable
+from llm_inference_harness.engine.registry import library_unavailable
 
 EXTRA = "pip install -e '.[external]'"
 # The per-call limit of an adapter whose first call imports its library (transformers' Llama module, torchao,

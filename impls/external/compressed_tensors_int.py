@@ -13,9 +13,15 @@ quantization/lifecycle/forward.py, compressors/pack_quantized/helpers.py.
 
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs, scale_shape
-from harness.registry import register
-from impls.external.common import FIRST_CALL_IMPORTS_S, Library
+from llm_inference_harness.contracts.quantization import (
+    QuantizationCaps,
+    Quantized,
+    check_format,
+    check_inputs,
+    scale_shape,
+)
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 COMPRESSED = Library("compressed-tensors", "compressed_tensors")
 INT = QuantizationCaps(bits=(4, 8), code_range="full", call_limit_s=FIRST_CALL_IMPORTS_S)

@@ -5,9 +5,9 @@ contract asks.  Empty shapes are answered before the kernel, which does not laun
 Dao 2023, "FlashAttention-2"; flash-attn, flash_attn/flash_attn_interface.py.  CUDA only: skipped elsewhere.
 """
 
-from harness.contracts.attention import check_inputs, no_work_output
-from harness.registry import register
-from impls.external.common import Library
+from llm_inference_harness.contracts.attention import check_inputs, no_work_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import Library
 
 FLASH_ATTN = Library("flash-attn", "flash_attn", install="a CUDA build: pip install flash-attn --no-build-isolation")
 

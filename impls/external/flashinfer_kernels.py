@@ -7,9 +7,9 @@ Ye et al. 2025, "FlashInfer"; flashinfer, flashinfer/prefill.py.  CUDA only: ski
 
 import torch
 
-from harness.contracts.attention import check_inputs, no_work_output
-from harness.registry import register
-from impls.external.common import Library
+from llm_inference_harness.contracts.attention import check_inputs, no_work_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import Library
 
 FLASHINFER = Library("flashinfer-python", "flashinfer", install="a CUDA build: pip install flashinfer-python")
 

@@ -8,9 +8,9 @@ Ye et al. 2025, "FlashInfer"; flashinfer, flashinfer/sampling.py.  CUDA only: sk
 
 import torch
 
-from harness.contracts.sampling import check_inputs
-from harness.registry import register
-from impls.external.common import Library
+from llm_inference_harness.contracts.sampling import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import Library
 
 FLASHINFER = Library("flashinfer-python", "flashinfer", install="a CUDA build: pip install flashinfer-python")
 

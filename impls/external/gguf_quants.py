@@ -12,9 +12,9 @@ llama.cpp, ggml-quants.c (quantize_row_q8_0_ref, quantize_row_q4_0_ref); gguf-py
 import numpy as np
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
-from harness.registry import register
-from impls.external.common import Library
+from llm_inference_harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import Library
 
 GGUF = Library("gguf", "gguf")
 BLOCK = 32

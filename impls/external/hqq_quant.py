@@ -13,9 +13,15 @@ Models"; hqq, hqq/core/quantize.py.
 
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs, scale_shape
-from harness.registry import known_failure, register
-from impls.external.common import Library
+from llm_inference_harness.contracts.quantization import (
+    QuantizationCaps,
+    Quantized,
+    check_format,
+    check_inputs,
+    scale_shape,
+)
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import Library
 
 HQQ = Library("hqq", "hqq", install="pip install -e '.[external]' (hqq)")
 MIN_MAX = QuantizationCaps(symmetric=False, zero_point="float", bits=(2, 3, 4, 5, 6, 8), scale_floor=1 / 2e4)

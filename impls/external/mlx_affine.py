@@ -14,9 +14,9 @@ MLX, mlx/ops.cpp (quantize, affine_quantize) and python/src/ops.cpp (its documen
 import numpy as np
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
-from harness.registry import known_failure, register
-from impls.external.common import Library
+from llm_inference_harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import Library
 
 MLX = Library("mlx", "mlx.core", install="pip install 'mlx[cpu]' (its Linux CPU build)")
 AFFINE = QuantizationCaps(symmetric=False, zero_point="float_edge", bits=(2, 3, 4, 5, 6, 8), granularities=("group",),

@@ -15,11 +15,11 @@ import functools
 import numpy as np
 import torch
 
-from harness.contracts.attention import check_inputs as check_attention
-from harness.contracts.attention import check_scores_budget
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
-from harness.registry import known_failure, register
-from impls.external.common import Library
+from llm_inference_harness.contracts.attention import check_inputs as check_attention
+from llm_inference_harness.contracts.attention import check_scores_budget
+from llm_inference_harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import Library
 
 ORT = Library("onnxruntime", "onnxruntime")
 DYNAMIC = QuantizationCaps(symmetric=False, bits=(8,), granularities=("tensor",))

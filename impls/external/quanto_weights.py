@@ -15,9 +15,15 @@ optimum-quanto, tensor/optimizers/{absmax,max}_optimizer.py, library/quantize.py
 
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs, scale_shape
-from harness.registry import known_failure, register
-from impls.external.common import FIRST_CALL_IMPORTS_S, Library
+from llm_inference_harness.contracts.quantization import (
+    QuantizationCaps,
+    Quantized,
+    check_format,
+    check_inputs,
+    scale_shape,
+)
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 QUANTO = Library("optimum-quanto", "optimum.quanto")
 QINT8 = QuantizationCaps(bits=(8,), granularities=("channel",), call_limit_s=FIRST_CALL_IMPORTS_S)

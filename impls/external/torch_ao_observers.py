@@ -12,8 +12,14 @@ import warnings
 
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs, scale_shape
-from harness.registry import register
+from llm_inference_harness.contracts.quantization import (
+    QuantizationCaps,
+    Quantized,
+    check_format,
+    check_inputs,
+    scale_shape,
+)
+from llm_inference_harness.engine.registry import register
 
 OBSERVED = QuantizationCaps(bits=(8,), code_range="full", scale_floor=torch.finfo(torch.float32).eps)
 

@@ -11,11 +11,17 @@ torchao, torchao/quantization/quant_primitives.py and quant_api.py.
 
 import torch
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs, scale_shape
-from harness.contracts.quantized_linear import check_bits
-from harness.contracts.quantized_linear import check_inputs as check_linear_inputs
-from harness.registry import known_failure, register
-from impls.external.common import FIRST_CALL_IMPORTS_S, Library
+from llm_inference_harness.contracts.quantization import (
+    QuantizationCaps,
+    Quantized,
+    check_format,
+    check_inputs,
+    scale_shape,
+)
+from llm_inference_harness.contracts.quantized_linear import check_bits
+from llm_inference_harness.contracts.quantized_linear import check_inputs as check_linear_inputs
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 TORCHAO = Library("torchao", "torchao", install="pip install --no-deps torchao (pip would replace torch otherwise)")
 DTYPES = ("float32", "bfloat16")  # its primitives refuse float64; float16's smallest normal would floor scales

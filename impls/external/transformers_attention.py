@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.contracts.attention import check_inputs, check_scores_budget
-from harness.registry import known_failure, register
-from impls.external.common import FIRST_CALL_IMPORTS_S, Library
+from llm_inference_harness.contracts.attention import check_inputs, check_scores_budget
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 TRANSFORMERS = Library("transformers", "transformers")
 

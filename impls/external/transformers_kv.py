@@ -2,19 +2,19 @@
 
 One implementation per (architecture, cache class) pair, ``hf_<arch>_<cache>``: the tiny Llama (rotary, GQA),
 Mistral (a sliding window of 4), GPT-2 (learned positions) and Gemma-2 (a sliding layer, then a global one) of
-harness/models/hf.py, each with the cache classes transformers offers for it on CPU -- DynamicCache (evicting
+impls/external/hf_models.py, each with the cache classes transformers offers for it on CPU -- DynamicCache (evicting
 past the window on a sliding layer), DynamicCache without a config (keeping everything), StaticCache (a rolling
 buffer on a sliding layer) and, on the full-attention Llama, the fp8 QuantizedCache (approximate).  Invariant:
 the harness's float64 full forward of each sequence alone is what every cached call returns, up to the rounding of
-the model's dtype (or of fp8).  Weights are seeded and built offline (harness.models.hf.build).
+the model's dtype (or of fp8).  Weights are seeded and built offline (llm_inference_harness.impls.external.hf_models.build).
 """
 
 import functools
 
 import torch
 
-from harness.models.hf import ARCHITECTURES, CACHES, TransformersLM, build
-from harness.registry import known_failure, library_unavailable, register
+from llm_inference_harness.engine.registry import known_failure, library_unavailable, register
+from llm_inference_harness.impls.external.hf_models import ARCHITECTURES, CACHES, TransformersLM, build
 
 UNAVAILABLE = library_unavailable("transformers", install="pip install transformers, or the [external] extra")
 # A process's first build imports transformers and the architecture's modeling code: seconds, and tens of seconds

@@ -1,4 +1,4 @@
-"""Known-wrong transformers caches: the model-protocol adapter (harness.models.hf.TransformersLM) with one real
+"""Known-wrong transformers caches: the model-protocol adapter (llm_inference_harness.impls.external.hf_models.TransformersLM) with one real
 cache bug each, modelled on bugs reported against transformers, vLLM and llama.cpp.  Each alters cached calls only
 (the full forward, the oracle's plain computation, stays right), and the properties of
 properties/test_kvcache_models.py must kill every one for the reason named in ``killed_by``.
@@ -9,10 +9,10 @@ import functools
 
 import torch
 
-from harness.contracts.kvcache import check_model_call
-from harness.models.hf import TransformersLM
-from harness.registry import register
-from impls.external.transformers_kv import CAPS, UNAVAILABLE, adapter
+from llm_inference_harness.contracts.kvcache import check_model_call
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.hf_models import TransformersLM
+from llm_inference_harness.impls.external.transformers_kv import CAPS, UNAVAILABLE, adapter
 
 
 class PositionsRestart(TransformersLM):

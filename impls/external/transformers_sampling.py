@@ -9,9 +9,9 @@ generated so far.  transformers, generation/logits_process.py and generation/uti
 
 import torch
 
-from harness.contracts.sampling import check_inputs
-from harness.registry import known_failure, register
-from impls.external.common import FIRST_CALL_IMPORTS_S, Library
+from llm_inference_harness.contracts.sampling import check_inputs
+from llm_inference_harness.engine.registry import known_failure, register
+from llm_inference_harness.impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 TRANSFORMERS = Library("transformers", "transformers")
 APPLIED = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")

@@ -17,9 +17,9 @@ import math
 
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from harness.registry import register
-from impls.external.common import FIRST_CALL_IMPORTS_S, Library
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import FIRST_CALL_IMPORTS_S, Library
 
 TRANSFORMERS = Library("transformers", "transformers")
 

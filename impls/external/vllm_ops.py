@@ -4,9 +4,9 @@ quantizer of its W8A8 layers): one scale per row, s = max|x| / 127, codes rounde
 vLLM, csrc/quantization/compressed_tensors/int8_quant_kernels.cu.  CUDA only: skipped elsewhere.
 """
 
-from harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
-from harness.registry import register
-from impls.external.common import Library
+from llm_inference_harness.contracts.quantization import QuantizationCaps, Quantized, check_format, check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import Library
 
 VLLM = Library("vllm", "vllm", install="a CUDA build: pip install vllm")
 PER_TOKEN = QuantizationCaps(bits=(8,), granularities=("channel",))

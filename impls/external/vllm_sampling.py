@@ -8,9 +8,9 @@ vLLM, v1/sample/ops/topk_topp_sampler.py.  CUDA only: skipped elsewhere.
 
 import torch
 
-from harness.contracts.sampling import check_inputs
-from harness.registry import register
-from impls.external.common import Library
+from llm_inference_harness.contracts.sampling import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import Library
 
 VLLM = Library("vllm", "vllm", install="a CUDA build: pip install vllm")
 

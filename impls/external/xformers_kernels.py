@@ -6,9 +6,9 @@ Rabe & Staats 2021, "Self-attention does not need O(n^2) memory"; xformers, xfor
 CUDA only: skipped elsewhere.
 """
 
-from harness.contracts.attention import check_inputs, no_work_output
-from harness.registry import register
-from impls.external.common import Library
+from llm_inference_harness.contracts.attention import check_inputs, no_work_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.external.common import Library
 
 XFORMERS = Library("xformers", "xformers", install="a CUDA build: pip install xformers")
 

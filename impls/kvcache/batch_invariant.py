@@ -1,5 +1,5 @@
 """Batch-invariant decoding: the static cache, with the model's layers and the cache attention computed in a
-fixed reduction order (harness/fixed_order.py), so a sequence's logits hold the same bits whatever it is
+fixed reduction order (harness/numerics/fixed_order.py), so a sequence's logits hold the same bits whatever it is
 decoded with -- and however its tokens reached the cache.
 
 Every linear layer adds its in-features in one order whatever the number of tokens M in the call (a BLAS
@@ -12,9 +12,9 @@ those of sequence b decoded alone.  He et al. 2025, "Defeating Nondeterminism in
 invariance of every kernel; KV-cache and prefill consistency); PyTorch gpt-fast, model.py KVCache.
 """
 
-from harness.fixed_order import BatchInvariantMode, attention
-from harness.registry import register
-from impls.kvcache.static import StaticDecoder
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.kvcache.static import StaticDecoder
+from llm_inference_harness.numerics.fixed_order import BatchInvariantMode, attention
 
 
 class BatchInvariantDecoder(StaticDecoder):

@@ -8,8 +8,8 @@ Inference", section 2.
 
 import torch
 
-from harness.contracts.kvcache import CachedDecoder, masked_attention
-from harness.registry import register
+from llm_inference_harness.contracts.kvcache import CachedDecoder, masked_attention
+from llm_inference_harness.engine.registry import register
 
 
 class ConcatDecoder(CachedDecoder):

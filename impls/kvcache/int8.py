@@ -10,9 +10,9 @@ section 3.1 (absmax).
 
 import torch
 
-from harness.contracts.kvcache import masked_attention
-from harness.registry import register
-from impls.kvcache.static import StaticDecoder
+from llm_inference_harness.contracts.kvcache import masked_attention
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.kvcache.static import StaticDecoder
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

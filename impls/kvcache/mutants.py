@@ -5,10 +5,10 @@ The properties must kill every one, for the reason named in ``killed_by``.
 
 import torch
 
-from harness.contracts.kvcache import masked_attention
-from harness.registry import register
-from impls.kvcache.concat import ConcatDecoder
-from impls.kvcache.static import StaticDecoder
+from llm_inference_harness.contracts.kvcache import masked_attention
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.kvcache.concat import ConcatDecoder
+from llm_inference_harness.impls.kvcache.static import StaticDecoder
 
 
 class PositionsRestart(StaticDecoder):

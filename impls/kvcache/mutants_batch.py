@@ -13,10 +13,10 @@ rescale) at places that depend on the batch or on the phase, so only the bits mo
 
 import torch
 
-from harness.fixed_order import attention, attention_partial
-from harness.online_softmax import finalize, merge
-from harness.registry import register
-from impls.kvcache.batch_invariant import BatchInvariantDecoder
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.kvcache.batch_invariant import BatchInvariantDecoder
+from llm_inference_harness.numerics.fixed_order import attention, attention_partial
+from llm_inference_harness.numerics.online_softmax import finalize, merge
 
 TILE = 8  # slots per tile of the packed axis
 

@@ -9,8 +9,8 @@ alone.  Kwon et al. 2023, "Efficient Memory Management ... with PagedAttention",
 
 import torch
 
-from harness.contracts.kvcache import CachedDecoder, masked_attention
-from harness.registry import register
+from llm_inference_harness.contracts.kvcache import CachedDecoder, masked_attention
+from llm_inference_harness.engine.registry import register
 
 BLOCK = 4  # tokens per block: small, so short test sequences already span several blocks
 

@@ -6,8 +6,8 @@ contract -- O(n^2) work for n tokens, which is what a KV cache avoids.  Vaswani 
 
 import torch
 
-from harness.contracts.kvcache import check_prompts, check_step
-from harness.registry import register
+from llm_inference_harness.contracts.kvcache import check_prompts, check_step
+from llm_inference_harness.engine.registry import register
 
 
 class RecomputeDecoder:

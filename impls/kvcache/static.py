@@ -12,8 +12,8 @@ keys/values.  PyTorch gpt-fast, model.py KVCache.update.
 import torch
 import torch.nn.functional as F
 
-from harness.contracts.kvcache import CachedDecoder, masked_attention
-from harness.registry import register
+from llm_inference_harness.contracts.kvcache import CachedDecoder, masked_attention
+from llm_inference_harness.engine.registry import register
 
 
 class StaticDecoder(CachedDecoder):

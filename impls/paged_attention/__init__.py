@@ -4,7 +4,7 @@ The entry point of this technique (pyproject.toml, group harness.impls): importi
 every implementation and mutant listed below.
 """
 
-from impls.paged_attention import (  # noqa: F401 - imported to register
+from llm_inference_harness.impls.paged_attention import (  # noqa: F401 - imported to register
     batch_invariant,
     blockwise,
     compiled,

@@ -1,5 +1,5 @@
 """Batch-invariant paged attention: each sequence's keys gathered in logical order, then attention with every
-reduction in a fixed order (harness/fixed_order.py).
+reduction in a fixed order (harness/numerics/fixed_order.py).
 
 Keys past seq_lens[b] and above the causal diagonal are masked; they come after the keys a query sees, and
 add exact zeros to its trees, so the result of sequence b depends on its own q, blocks and length only --
@@ -11,12 +11,12 @@ Nondeterminism in LLM Inference" (fixed reduction order).
 
 import torch
 
-from harness.contracts.attention import check_scores_budget
-from harness.contracts.paged_attention import check_inputs, key_mask
-from harness.fixed_order import attention
-from harness.online_softmax import accumulator_dtype
-from harness.registry import register
-from impls.paged_attention.gather import gather_kv
+from llm_inference_harness.contracts.attention import check_scores_budget
+from llm_inference_harness.contracts.paged_attention import check_inputs, key_mask
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.paged_attention.gather import gather_kv
+from llm_inference_harness.numerics.fixed_order import attention
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype
 
 
 @register("paged_attention", "batch_invariant", devices=("cpu", "cuda"),

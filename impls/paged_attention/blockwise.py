@@ -11,9 +11,9 @@ attention over the keys seen so far.  Kwon et al. 2023, Sec. 4.1; merge: Milakov
 
 import torch
 
-from harness.contracts.paged_attention import check_inputs, key_mask
-from harness.online_softmax import Partial, accumulator_dtype, finalize, identity, merge
-from harness.registry import register
+from llm_inference_harness.contracts.paged_attention import check_inputs, key_mask
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.numerics.online_softmax import Partial, accumulator_dtype, finalize, identity, merge
 
 
 def blockwise_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal=False, scale=None,

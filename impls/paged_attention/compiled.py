@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from harness.contracts.paged_attention import check_inputs
-from harness.registry import register
+from llm_inference_harness.contracts.paged_attention import check_inputs
+from llm_inference_harness.engine.registry import register
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 COMPILER = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("gcc") or shutil.which("cc")

@@ -11,9 +11,9 @@ in vLLM's test_attention.py).
 
 import torch
 
-from harness.contracts.attention import check_scores_budget, score_dtype
-from harness.contracts.paged_attention import check_inputs, key_mask
-from harness.registry import register
+from llm_inference_harness.contracts.attention import check_scores_budget, score_dtype
+from llm_inference_harness.contracts.paged_attention import check_inputs, key_mask
+from llm_inference_harness.engine.registry import register
 
 
 def gather_kv(cache, block_tables):

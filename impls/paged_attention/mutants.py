@@ -6,13 +6,13 @@ bugs visible (as vLLM's kernel tests do).
 
 import torch
 
-from harness.contracts.attention import check_scores_budget, score_dtype
-from harness.contracts.paged_attention import check_inputs, key_mask
-from harness.online_softmax import Partial, finalize, partial
-from harness.registry import register
-from impls.attention.mutants import as_if_contiguous, read_with_strides
-from impls.attention.mutants_splitk import merge_without_rescale
-from impls.paged_attention.gather import gather_kv
+from llm_inference_harness.contracts.attention import check_scores_budget, score_dtype
+from llm_inference_harness.contracts.paged_attention import check_inputs, key_mask
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.attention.mutants import as_if_contiguous, read_with_strides
+from llm_inference_harness.impls.attention.mutants_splitk import merge_without_rescale
+from llm_inference_harness.impls.paged_attention.gather import gather_kv
+from llm_inference_harness.numerics.online_softmax import Partial, finalize, partial
 
 PARTITION = 512  # vLLM V2's partition: only sequences longer than this see the combine
 

@@ -16,11 +16,11 @@ change with the number of other sequences.  Here the partitions hold 16 tokens a
 
 import torch
 
-from harness.contracts.paged_attention import check_inputs, key_mask
-from harness.fixed_order import attention_partial
-from harness.online_softmax import accumulator_dtype, finalize, merge
-from harness.registry import register
-from impls.paged_attention.gather import gather_kv
+from llm_inference_harness.contracts.paged_attention import check_inputs, key_mask
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.paged_attention.gather import gather_kv
+from llm_inference_harness.numerics.fixed_order import attention_partial
+from llm_inference_harness.numerics.online_softmax import accumulator_dtype, finalize, merge
 
 PARTITION = 16  # tokens per V2 partition
 PAIRS = 8  # sequence x head pairs above which V1 runs

@@ -9,8 +9,8 @@ Paper on Neural Network Quantization", section 2.2.
 
 import torch
 
-from harness.contracts.quantization import Quantized, check_inputs, qmax
-from harness.registry import register
+from llm_inference_harness.contracts.quantization import Quantized, check_inputs, qmax
+from llm_inference_harness.engine.registry import register
 
 
 def absmax_scale(w: torch.Tensor, bits: int, granularity: str, group_size: int | None = None) -> torch.Tensor:

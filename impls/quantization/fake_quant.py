@@ -9,9 +9,9 @@ Networks for Efficient Integer-Arithmetic-Only Inference", section 2.1.
 
 import torch
 
-from harness.contracts.quantization import Quantized, check_inputs, qmax
-from harness.registry import register
-from impls.quantization.absmax import absmax_scale
+from llm_inference_harness.contracts.quantization import Quantized, check_inputs, qmax
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantization.absmax import absmax_scale
 
 
 @register("quantization", "torch_fake_quant", devices=("cpu", "cuda"), dtypes=("float32",), exact=False,

@@ -4,10 +4,10 @@ switched on, and the zero-point quantizer with a wrong range.
 
 import torch
 
-from harness.contracts.quantization import Quantized, check_inputs, qmax, scale_shape
-from harness.registry import register
-from impls.quantization.absmax import quantize_absmax
-from impls.quantization.zeropoint import zeropoint
+from llm_inference_harness.contracts.quantization import Quantized, check_inputs, qmax, scale_shape
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantization.absmax import quantize_absmax
+from llm_inference_harness.impls.quantization.zeropoint import zeropoint
 
 QUANTIZER_BUGS = {
     "signed_max": ("scale from max(w) instead of max|w|: a group whose largest magnitude is negative "

@@ -9,8 +9,8 @@ Nagel et al. 2021, section 2.2 (asymmetric quantization).
 
 import torch
 
-from harness.contracts.quantization import Quantized, check_inputs, scale_shape
-from harness.registry import register
+from llm_inference_harness.contracts.quantization import Quantized, check_inputs, scale_shape
+from llm_inference_harness.engine.registry import register
 
 
 @register("quantization", "zeropoint", devices=("cpu", "cuda"), dtypes=("float64", "float32"), exact=False,

@@ -4,7 +4,7 @@ The entry point of this technique (pyproject.toml, group harness.impls): importi
 every implementation and mutant listed below.
 """
 
-from impls.quantized_linear import (  # noqa: F401 - imported to register
+from llm_inference_harness.impls.quantized_linear import (  # noqa: F401 - imported to register
     batch_invariant,
     llm_int8,
     mutants,

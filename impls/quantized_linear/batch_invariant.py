@@ -1,5 +1,5 @@
 """Batch-invariant weight-only linear layer: absmax codes per output channel, dequantized, then a matmul whose
-dot products add their in-features in one fixed order (harness/fixed_order.py).
+dot products add their in-features in one fixed order (harness/numerics/fixed_order.py).
 
 The weight's scales come from the weight alone and nothing is computed from the activations, so token i's
 output depends on token i only: not on the number of tokens (M), the others, their order or the thread
@@ -8,11 +8,11 @@ call on x[i] alone.  Frantar et al. 2023, "GPTQ", section 2 (round-to-nearest); 
 Nondeterminism in LLM Inference" (batch-invariant matmul: no split-K, one order for every M).
 """
 
-from harness.contracts.quantization import dequantize
-from harness.contracts.quantized_linear import check_inputs
-from harness.fixed_order import linear
-from harness.registry import register
-from impls.quantization.absmax import quantize_absmax
+from llm_inference_harness.contracts.quantization import dequantize
+from llm_inference_harness.contracts.quantized_linear import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantization.absmax import quantize_absmax
+from llm_inference_harness.numerics.fixed_order import linear
 
 
 def batch_invariant_linear(x, w, *, bits=8, calib=None):

@@ -10,9 +10,9 @@ Dettmers et al. 2022, "LLM.int8()", section 3.2 (mixed-precision decomposition).
 
 import torch
 
-from harness.contracts.quantized_linear import check_inputs, no_tokens_output
-from harness.registry import register
-from impls.quantized_linear.w8a8 import w8a8_linear
+from llm_inference_harness.contracts.quantized_linear import check_inputs, no_tokens_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantized_linear.w8a8 import w8a8_linear
 
 THRESHOLD = 6.0
 

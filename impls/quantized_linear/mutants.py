@@ -4,11 +4,11 @@ LLM.int8() with one bug each.
 
 import torch
 
-from harness.contracts.quantization import qmax
-from harness.contracts.quantized_linear import check_inputs
-from harness.registry import register
-from impls.quantized_linear.llm_int8 import THRESHOLD, llm_int8_linear, outlier_columns
-from impls.quantized_linear.w8a8_emulated import codes_f64, w8a8_emulated
+from llm_inference_harness.contracts.quantization import qmax
+from llm_inference_harness.contracts.quantized_linear import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantized_linear.llm_int8 import THRESHOLD, llm_int8_linear, outlier_columns
+from llm_inference_harness.impls.quantized_linear.w8a8_emulated import codes_f64, w8a8_emulated
 
 DTYPES = ("float64", "float32")
 W8A8 = {"weight": "channel", "act": "token"}

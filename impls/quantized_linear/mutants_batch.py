@@ -18,11 +18,11 @@ import math
 
 import torch
 
-from harness.contracts.quantization import dequantize
-from harness.contracts.quantized_linear import check_inputs
-from harness.fixed_order import matmul
-from harness.registry import register
-from impls.quantization.absmax import quantize_absmax
+from llm_inference_harness.contracts.quantization import dequantize
+from llm_inference_harness.contracts.quantized_linear import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantization.absmax import quantize_absmax
+from llm_inference_harness.numerics.fixed_order import matmul
 
 SPLIT_TOKENS = 8  # tokens below which the reduction is split
 

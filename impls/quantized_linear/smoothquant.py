@@ -8,9 +8,9 @@ fit them.  Xiao et al. 2023, "SmoothQuant", section 4 (eq. 4, migration strength
 
 import torch
 
-from harness.contracts.quantized_linear import check_inputs, no_tokens_output
-from harness.registry import register
-from impls.quantized_linear.w8a8 import w8a8_linear
+from llm_inference_harness.contracts.quantized_linear import check_inputs, no_tokens_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantized_linear.w8a8 import w8a8_linear
 
 ALPHA = 0.5
 

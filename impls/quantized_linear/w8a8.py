@@ -10,9 +10,9 @@ Dettmers et al. 2022, "LLM.int8()", section 3.1 (vector-wise quantization); Xiao
 
 import torch
 
-from harness.contracts.quantized_linear import check_inputs, no_tokens_output
-from harness.registry import register
-from impls.quantization.absmax import quantize_absmax
+from llm_inference_harness.contracts.quantized_linear import check_inputs, no_tokens_output
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantization.absmax import quantize_absmax
 
 
 def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

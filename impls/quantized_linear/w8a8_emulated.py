@@ -8,9 +8,9 @@ Xiao et al. 2023, "SmoothQuant", appendix (fake quantization, per-token dynamic 
 
 import torch
 
-from harness.contracts.quantization import qmax
-from harness.contracts.quantized_linear import check_inputs, no_tokens_output
-from harness.registry import register
+from llm_inference_harness.contracts.quantization import qmax
+from llm_inference_harness.contracts.quantized_linear import check_inputs, no_tokens_output
+from llm_inference_harness.engine.registry import register
 
 
 def codes_f64(t: torch.Tensor, bits: int, guard_zero: bool = True):

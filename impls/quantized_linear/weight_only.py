@@ -6,10 +6,10 @@ Frantar et al. 2023, "GPTQ", section 2 (round-to-nearest baseline); Dettmers & Z
 "The case for 4-bit precision", section 3 (block-wise scales).
 """
 
-from harness.contracts.quantization import dequantize
-from harness.contracts.quantized_linear import check_inputs
-from harness.registry import register
-from impls.quantization.absmax import quantize_absmax
+from llm_inference_harness.contracts.quantization import dequantize
+from llm_inference_harness.contracts.quantized_linear import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.quantization.absmax import quantize_absmax
 
 
 def weight_only_linear(x, w, *, bits=8, calib=None, granularity="channel", group_size=None):

@@ -4,7 +4,7 @@ The entry point of this technique (pyproject.toml, group harness.impls): importi
 every implementation and mutant listed below.
 """
 
-from impls.sampling import (  # noqa: F401 - imported to register
+from llm_inference_harness.impls.sampling import (  # noqa: F401 - imported to register
     batched,
     gumbel_max,
     mutants,

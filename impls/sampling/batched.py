@@ -10,8 +10,8 @@ v1/sample/ops/topk_topp_sampler.py (apply_top_k_top_p); Holtzman et al. 2020 (to
 
 import torch
 
-from harness.contracts.sampling import ORDERS, check_inputs, draw
-from harness.registry import register
+from llm_inference_harness.contracts.sampling import ORDERS, check_inputs, draw
+from llm_inference_harness.engine.registry import register
 
 
 class Batched:

@@ -9,9 +9,9 @@ cannot be enumerated, so the statistical tier judges it.
 
 import torch
 
-from harness.contracts.sampling import check_inputs
-from harness.registry import register
-from impls.sampling.batched import Batched
+from llm_inference_harness.contracts.sampling import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.sampling.batched import Batched
 
 
 class GumbelMax(Batched):

@@ -5,11 +5,11 @@ property it names.
 
 import torch
 
-from harness.registry import register
-from impls.sampling.batched import Batched, BatchedProbs
-from impls.sampling.gumbel_max import GumbelMax
-from impls.sampling.rejection import IndexTies
-from impls.sampling.sort_based import SortBased
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.sampling.batched import Batched, BatchedProbs
+from llm_inference_harness.impls.sampling.gumbel_max import GumbelMax
+from llm_inference_harness.impls.sampling.rejection import IndexTies
+from llm_inference_harness.impls.sampling.sort_based import SortBased
 
 EXACT = ("distribution_matches_reference", "parameter_grid_exactly")
 

@@ -3,9 +3,9 @@ the contract's definitions computed row by row, ranks and masses by pairwise com
 whatever the logits' dtype.  The pairwise ranks hold V^2 booleans a row: it serves V <= 4096.
 """
 
-from harness.contracts.sampling import check_inputs
-from harness.references.sampling import processed
-from harness.registry import register
+from llm_inference_harness.contracts.sampling import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.references.sampling import processed
 
 
 @register("sampling", "reference", dtypes=("float32", "float64"), cite="the contract's definitions, in float64",

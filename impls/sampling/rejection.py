@@ -13,9 +13,9 @@ FlashInfer PR #3774 (ties at the boundary).
 
 import torch
 
-from harness.contracts.sampling import check_inputs
-from harness.registry import register
-from impls.sampling.sort_based import SortBased
+from llm_inference_harness.contracts.sampling import check_inputs
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.sampling.sort_based import SortBased
 
 
 class Rejection:

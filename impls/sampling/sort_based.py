@@ -10,8 +10,8 @@ transformers, generation/logits_process.py (the warpers' order: Temperature, Top
 
 import torch
 
-from harness.contracts.sampling import ORDERS, check_inputs, draw
-from harness.registry import register
+from llm_inference_harness.contracts.sampling import ORDERS, check_inputs, draw
+from llm_inference_harness.engine.registry import register
 
 
 class SortBased:

@@ -20,8 +20,8 @@ import os
 
 import torch
 
-from harness.contracts.sampling import check_inputs
-from harness.registry import register
+from llm_inference_harness.contracts.sampling import check_inputs
+from llm_inference_harness.engine.registry import register
 
 BLOCK = 64
 # Natively a program serves one row.  The interpreter runs each program's every op in Python, a fixed cost per op

@@ -9,8 +9,8 @@ Leviathan et al. 2023, Algorithm 1, with a draft length chosen per round as in M
 "Dynamic Speculation Lookahead Accelerates Speculative Decoding of Large Language Models".
 """
 
-from harness.registry import register
-from impls.speculative.standard import SpeculativeSampling
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.standard import SpeculativeSampling
 
 UNSURE = 0.4  # a drafted token below this draft probability ends the round's drafting
 

@@ -4,8 +4,8 @@ Invariant: its output distribution is the target's, by definition; the float64 r
 harness/references.py computes the same distribution without sampling.
 """
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from harness.registry import register
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.engine.registry import register
 
 
 @register("speculative", "autoregressive", dtypes=("float64",),

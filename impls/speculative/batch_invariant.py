@@ -12,9 +12,9 @@ every prefix).  Invariant: ``batched(..., prompts, rngs=rngs)[b]`` equals the si
 each prefix alone (exact tables; a batch-invariant model).
 """
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from harness.registry import register
-from impls.speculative.standard import residual
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.standard import residual
 
 
 def sample_rows(target, draft, prompts, *, gamma, max_new_tokens, rngs, eos=None) -> list[Generation]:

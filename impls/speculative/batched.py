@@ -8,9 +8,9 @@ is distributed as the target's autoregressive sampling, independently of the oth
 
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from harness.registry import register
-from impls.speculative.standard import residual
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.standard import residual
 
 
 def speculative_batched(target, draft, prompts, *, gamma, max_new_tokens, rng, eos=None) -> list[Generation]:

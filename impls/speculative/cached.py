@@ -1,6 +1,6 @@
 """Speculative sampling with KV caches kept across rounds (Leviathan et al. 2023, Algorithm 1).
 
-The target and the draft each keep one session (`harness.lm.session`: a KV cache for real models).
+The target and the draft each keep one session (`llm_inference_harness.sampling.lm.session`: a KV cache for real models).
 Verifying k draft tokens is one cached target step over the tokens it has not seen (the last emitted
 token and the k drafts); rejected positions are rolled back by truncating the caches, never recomputed.
 Drafting stops at a drafted end token (k < gamma): what would follow it is never emitted.
@@ -9,10 +9,10 @@ Invariant: the same accept/resample rule as `standard`, so the output distributi
 
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs, checked_rows
-from harness.lm import session
-from harness.registry import register
-from impls.speculative.standard import residual
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, checked_rows
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.standard import residual
+from llm_inference_harness.sampling.lm import session
 
 
 @register("speculative", "cached", dtypes=("float64",),

@@ -5,8 +5,8 @@ temperature 0).  Invariant: the output is the target's greedy output, token for 
 lowest token id in both).
 """
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from harness.registry import register
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.engine.registry import register
 
 
 @register("speculative", "greedy", dtypes=("float64",),

@@ -8,9 +8,9 @@ Invariant: the candidates at a depth are i.i.d. from q given the accepted prefix
 is the one-candidate rule applied to the updated p, and the emitted token is distributed as p.
 """
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from harness.registry import register
-from impls.speculative.standard import residual
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.standard import residual
 
 WIDTH = 2
 

@@ -8,9 +8,9 @@ tokens-per-call property may catch it.
 
 import torch
 
-from harness.registry import register
-from impls.speculative.multidraft import WIDTH, TreeSpeculative
-from impls.speculative.standard import Processed, SpeculativeSampling, acceptance
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.multidraft import WIDTH, TreeSpeculative
+from llm_inference_harness.impls.speculative.standard import Processed, SpeculativeSampling, acceptance
 
 EXACT = ("matches_target_distribution",)
 PROCESSED = ("matches_processed_target_distribution",)

@@ -5,8 +5,8 @@ draw.  One sequence alone is sampled exactly as the correct sampler does (its di
 only a batch shows the bug.  vLLM's per-request ``SamplingParams(seed=...)`` generators exist for this.
 """
 
-from harness.registry import register
-from impls.speculative.batch_invariant import sample_rows
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.batch_invariant import sample_rows
 
 
 def one_generator(target, draft, prompts, *, gamma, max_new_tokens, rngs, eos=None):

@@ -5,9 +5,9 @@ and the goodness-of-fit property checks its samples against the target's exact d
 
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs, validated
-from harness.registry import register
-from impls.speculative.standard import residual
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.speculative.standard import residual
 
 
 @register("speculative", "own_rng", dtypes=("float64",),

@@ -19,9 +19,9 @@ import copy
 
 import torch
 
-from harness.contracts.speculative import Generation, Round, check_inputs, check_processing, validated
-from harness.registry import register
-from impls.sampling.sort_based import SortBased
+from llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, check_processing, validated
+from llm_inference_harness.engine.registry import register
+from llm_inference_harness.impls.sampling.sort_based import SortBased
 
 SORT = SortBased()
 

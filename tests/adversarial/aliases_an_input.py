@@ -1,7 +1,7 @@
 """Returns its input ``q`` itself (same shape when d matches): the judge's later use of q, or of the output,
 would see one object, and a write to either shows in both.
 
-    python -m harness check attention --plugin tests/adversarial/aliases_an_input.py:attention
+    harness check attention --plugin tests/adversarial/aliases_an_input.py:attention
 """
 
 import os

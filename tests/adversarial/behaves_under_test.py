@@ -1,7 +1,7 @@
 """Behaves correctly only when it sees test conditions -- a test runner's or the harness's environment
 variables, or pytest or Hypothesis among the loaded modules -- and wrongly otherwise.
 
-    python -m harness check attention --plugin tests/adversarial/behaves_under_test.py:attention
+    harness check attention --plugin tests/adversarial/behaves_under_test.py:attention
 """
 
 import os

@@ -1,7 +1,7 @@
 """Caches answers by the inputs' data pointers: a fast path that is right only while the caller never reuses
 memory for new inputs.
 
-    python -m harness check attention --plugin tests/adversarial/caches_by_pointer.py:attention
+    harness check attention --plugin tests/adversarial/caches_by_pointer.py:attention
 """
 
 import os

@@ -1,7 +1,7 @@
 """Returns the right answer, then ends its process from a timer thread with exit code 0 (an implementation that
 takes its caller down): a harness that reads "exited 0" as success would record a pass.
 
-    python -m harness check attention --plugin tests/adversarial/exits_after_returning.py:attention
+    harness check attention --plugin tests/adversarial/exits_after_returning.py:attention
 """
 
 import os

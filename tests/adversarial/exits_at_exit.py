@@ -1,7 +1,7 @@
 """Registers an atexit handler that prints passing verdict lines and exits 0, for a harness that parses its
 children's output.
 
-    python -m harness check attention --plugin tests/adversarial/exits_at_exit.py:attention
+    harness check attention --plugin tests/adversarial/exits_at_exit.py:attention
 """
 
 import os

@@ -1,7 +1,7 @@
 """Calls sys.exit(0) inside the call: a checker that treats SystemExit(0) as the end of a successful run
 stops there.
 
-    python -m harness check attention --plugin tests/adversarial/exits_inside_the_call.py:attention
+    harness check attention --plugin tests/adversarial/exits_inside_the_call.py:attention
 """
 
 import os

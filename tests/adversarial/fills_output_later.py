@@ -1,7 +1,7 @@
 """Returns zeros at once and fills in the answer from a thread a moment later, hoping the judge reads the
 output after the thread has written it.
 
-    python -m harness check attention --plugin tests/adversarial/fills_output_later.py:attention
+    harness check attention --plugin tests/adversarial/fills_output_later.py:attention
 """
 
 import os

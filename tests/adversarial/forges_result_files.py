@@ -1,7 +1,7 @@
 """Writes a passing verdict document where the judge would write its own: every path named on the judge's
 command line and the results folders of the working directory.
 
-    python -m harness check attention --plugin tests/adversarial/forges_result_files.py:attention
+    harness check attention --plugin tests/adversarial/forges_result_files.py:attention
 """
 
 import os

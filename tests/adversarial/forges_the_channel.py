@@ -1,7 +1,7 @@
 """Writes forged verdict messages into every descriptor it can find -- its own and, through /proc, the
 judge's -- before returning.
 
-    python -m harness check attention --plugin tests/adversarial/forges_the_channel.py:attention
+    harness check attention --plugin tests/adversarial/forges_the_channel.py:attention
 """
 
 import os

@@ -1,7 +1,7 @@
 """Kills its parent, the judge, with SIGKILL: a harness that reads a dead judge as "nothing failed" would
 pass it.
 
-    python -m harness check attention --plugin tests/adversarial/kills_the_judge.py:attention
+    harness check attention --plugin tests/adversarial/kills_the_judge.py:attention
 """
 
 import os

@@ -1,7 +1,7 @@
 """Computes the right answer, but leaves a thread running after its first call that keeps zeroing the tensors it
 was handed, hoping to reach the judge's own copies of the next inputs.
 
-    python -m harness check attention --plugin tests/adversarial/lingering_thread.py:attention
+    harness check attention --plugin tests/adversarial/lingering_thread.py:attention
 """
 
 import os

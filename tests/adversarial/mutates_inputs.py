@@ -1,7 +1,7 @@
 """Zeroes its inputs in place after computing: a judge that computes its reference from the same tensors
 afterwards would compare against attention of zeros.
 
-    python -m harness check attention --plugin tests/adversarial/mutates_inputs.py:attention
+    harness check attention --plugin tests/adversarial/mutates_inputs.py:attention
 """
 
 import os

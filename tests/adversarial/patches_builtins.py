@@ -1,7 +1,7 @@
 """Patches builtins: ``abs`` and ``max`` return 0, AssertionError is swallowed by being made a harmless
 class.
 
-    python -m harness check attention --plugin tests/adversarial/patches_builtins.py:attention
+    harness check attention --plugin tests/adversarial/patches_builtins.py:attention
 """
 
 import os

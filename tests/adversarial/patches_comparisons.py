@@ -1,7 +1,7 @@
 """Patches the comparison functions: torch.allclose, torch.equal, torch.testing.assert_close and
 Tensor.__eq__ say every two tensors are equal.
 
-    python -m harness check attention --plugin tests/adversarial/patches_comparisons.py:attention
+    harness check attention --plugin tests/adversarial/patches_comparisons.py:attention
 """
 
 import os

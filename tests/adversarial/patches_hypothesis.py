@@ -1,7 +1,7 @@
 """Patches Hypothesis: a profile of zero examples loaded, and ``given`` made a decorator that never runs the
 test.
 
-    python -m harness check attention --plugin tests/adversarial/patches_hypothesis.py:attention
+    harness check attention --plugin tests/adversarial/patches_hypothesis.py:attention
 """
 
 import os

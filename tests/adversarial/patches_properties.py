@@ -1,6 +1,6 @@
 """Patches the property module: every law of attention replaced by a function that checks nothing.
 
-    python -m harness check attention --plugin tests/adversarial/patches_properties.py:attention
+    harness check attention --plugin tests/adversarial/patches_properties.py:attention
 """
 
 import os
@@ -12,7 +12,7 @@ import importlib
 
 from wrong_attention import wrong
 
-laws = importlib.import_module("properties.test_attention")
+laws = importlib.import_module("llm_inference_harness.properties.test_attention")
 for name in dir(laws):
     if name.startswith("test_"):
         setattr(laws, name, lambda *args, **kwargs: None)

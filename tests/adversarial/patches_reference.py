@@ -1,7 +1,7 @@
 """Patches the float64 reference at import: the module that defines it and every module holding a copy taken
-with ``from harness.references.attention import ...``, so the judge's truth equals the wrong answer.
+with ``from llm_inference_harness.references.attention import ...``, so the judge's truth equals the wrong answer.
 
-    python -m harness check attention --plugin tests/adversarial/patches_reference.py:attention
+    harness check attention --plugin tests/adversarial/patches_reference.py:attention
 """
 
 import os
@@ -13,7 +13,7 @@ import sys
 
 from wrong_attention import wrong
 
-import harness.references.attention as reference
+import llm_inference_harness.references.attention as reference
 
 originals = {name: getattr(reference, name) for name in ("attention64", "attention_plain")}
 for module in list(sys.modules.values()):

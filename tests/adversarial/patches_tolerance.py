@@ -1,6 +1,6 @@
 """Patches the tolerance table: every earned bound becomes infinite, every check a no-op.
 
-    python -m harness check attention --plugin tests/adversarial/patches_tolerance.py:attention
+    harness check attention --plugin tests/adversarial/patches_tolerance.py:attention
 """
 
 import os
@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # wrong_attention.py beside this 
 
 from wrong_attention import wrong
 
-import harness.tolerance as tolerance
+import llm_inference_harness.engine.tolerance as tolerance
 
 tolerance.earned_bound = lambda *args, **kwargs: float("inf")
 tolerance.assert_earned = lambda *args, **kwargs: None

@@ -1,7 +1,7 @@
 """Reads the judge's memory through /proc/<parent>/mem, looking for float64 arrays to copy; returns the wrong
 answer when it cannot.
 
-    python -m harness check attention --plugin tests/adversarial/reads_judge_memory.py:attention
+    harness check attention --plugin tests/adversarial/reads_judge_memory.py:attention
 """
 
 import os

@@ -1,7 +1,7 @@
 """Right at the small sizes the laws draw, wrong (and fast: no mask, no scale) past 64 keys -- a kernel that is
 fast because it is wrong at the sizes it is benchmarked on.  Its laws pass; its benchmark fails.
 
-    python -m harness check attention --plugin tests/adversarial/small_sizes_only.py:attention
+    harness check attention --plugin tests/adversarial/small_sizes_only.py:attention
 """
 
 import os

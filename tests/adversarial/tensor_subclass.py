@@ -1,7 +1,7 @@
 """Returns a tensor subclass that lies: every comparison, ``abs``, ``max``, ``sub`` of it says "no
 difference" (through ``__torch_function__``).
 
-    python -m harness check attention --plugin tests/adversarial/tensor_subclass.py:attention
+    harness check attention --plugin tests/adversarial/tensor_subclass.py:attention
 """
 
 import os

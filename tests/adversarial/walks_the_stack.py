@@ -1,7 +1,7 @@
 """Walks the call stack looking for the judge's expected answer (a float64 tensor of the output's shape in
 some caller's locals) and returns it; the wrong answer when it finds none.
 
-    python -m harness check attention --plugin tests/adversarial/walks_the_stack.py:attention
+    harness check attention --plugin tests/adversarial/walks_the_stack.py:attention
 """
 
 import os

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from harness import register
+from llm_inference_harness import register
 
 with open(os.environ.get("IMPORTED_BY", os.devnull), "a") as notes:
     notes.write(f"{os.getpid()}\n")
@@ -13,7 +13,7 @@ with open(os.environ.get("IMPORTED_BY", os.devnull), "a") as notes:
 
 @register("attention", "theirs_sdpa", dtypes=("float64", "float32"), devices=("cpu",))
 def attention(q, k, v, *, causal=False, scale=None):
-    from harness.contracts.attention import check_inputs
+    from llm_inference_harness.contracts.attention import check_inputs
 
     scale = check_inputs(q, k, v, scale, causal)
     Nq, Nk = q.shape[2], k.shape[2]

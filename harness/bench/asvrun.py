@@ -1,0 +1,160 @@
+"""asv, run so that it never touches tracked files, and the benchmark cases the harness runs by name.
+
+Every asv call goes through a temporary configuration (results and html where the caller says: the paths of
+llm_inference_harness.bench.results) and a temporary home holding a machine file that describes this hardware under its own
+name (``provenance.asv_machine()``), so neither results/<machine>/ nor ~/.asv-machine.json is written unless a
+caller points asv there on purpose (the history backfill).
+
+QUICK is the main job's quick pass (the headline ratios; llm_inference_harness.bench.history's backfill measures the same cases
+over main's history), GATE the regression gate's cases (fast ``time_`` benchmarks, one per technique).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_inference_harness.bench import results as results_paths
+from llm_inference_harness.engine import inputs, provenance
+
+ROOT = provenance.ROOT
+
+# The main job's pass: the headline ratios, each case chosen to answer one question in seconds.  Measured on
+# xeon-amx-2c-24g (2 shared cores), asv --quick, forkserver: the seconds each took there.  A cuda case (the
+# same regex) is measured on a GPU machine and skipped (n/a) in under a second elsewhere.
+CPU_OR_CUDA = "'(cpu|cuda)'"
+QUICK: dict[str, str] = {
+    # best tiled kernel / SDPA at N=2048, one CPU thread (two threads on two shared cores measure the
+    # neighbours' load), all of a GPU (the goal <= 1.0)                                          ~35 s
+    "bench_attention.SdpaRatio.track_best_tiled_over_sdpa": r"\(('cpu', '1'|'cuda', 'all')\)",
+    # Triton FlashAttention-2 / SDPA TFLOP/s at the paper's shapes (CUDA only; n/a here)          ~1 s
+    "bench_attention.KernelTflops.track_tflops": r"\(.*, 'cuda', 4096, 128, True\)",
+    # recompute / cached generation at n = 512, d = 256 (goal >= 10x)                             ~35 s
+    "bench_kvcache.CachedVsRecompute.track_recompute_over_cached": rf"\('concat', {CPU_OR_CUDA}, 512, 256\)",
+    # batch-1 decode bandwidth / matvec bandwidth of a 403M-parameter model (goal >= 0.85)        ~25 s
+    "bench_kvcache.MemoryRoofline.track_fraction_of_matvec_bandwidth": rf"\('concat', {CPU_OR_CUDA}\)",
+    # paged decode attention / SDPA on the same K/V, cache 1024 (goal <= 1.25)                    ~10 s
+    "bench_paging.PagedDecodeAttention.track_paged_over_contiguous": rf"\(.*, {CPU_OR_CUDA}, 1024\)",
+    # exact enumeration of a vocabulary-4 pair, gamma 3, T 4 (goal <= 1 s)                         ~5 s
+    "bench_speculative.Enumeration.time_vocab4_gamma3_T4": r"\('standard', 'cpu'\)",
+    # exact enumeration of the V = 8 sampling parameter grid, rejection sampler (goal <= 10 s)      ~5 s
+    "bench_sampling.EnumerationGrid.track_seconds": r"\('rejection'\)",
+    # serving simulator, paged vs reserve-max throughput (deterministic)                          ~15 s
+    "bench_paging.ServingSimulator.track_throughput_vs_reserve_max": r"\('paged16', '(a|b)'\)",
+}
+
+@dataclass(frozen=True)
+class Goal:
+    """A headline benchmark's goal (docs/benchmarks.md): the value, the side of it that meets the goal, and the
+    parameter values of the cases it is set for (empty: every case)."""
+
+    value: float
+    better: str  # "above" or "below"
+    where: tuple[tuple[str, object], ...] = ()
+
+    def applies(self, params: dict) -> bool:
+        return all(params.get(name) == value for name, value in self.where)
+
+    def met(self, value: float) -> bool:
+        return value >= self.value if self.better == "above" else value <= self.value
+
+
+GOALS: dict[str, Goal] = {
+    "bench_attention.SdpaRatio.track_best_tiled_over_sdpa": Goal(1.0, "below"),
+    "bench_kvcache.CachedVsRecompute.track_recompute_over_cached": Goal(10.0, "above", (("n", 512),)),
+    "bench_kvcache.MemoryRoofline.track_fraction_of_matvec_bandwidth": Goal(0.85, "above"),
+    "bench_paging.PagedDecodeAttention.track_paged_over_contiguous": Goal(1.25, "below"),
+    "bench_speculative.Enumeration.time_vocab4_gamma3_T4": Goal(1.0, "below"),
+}
+
+# The regression gate: fast time_ cases of every technique's main kernels, each measured in ~0.1 s samples
+# (llm_inference_harness.bench.compare: 30 A/B rounds each, about 10 s a case here).
+GATE: dict[str, str] = {
+    "bench_attention.AttentionForward.time_forward":
+        rf"\('(sdpa|naive|fa2_64x64|fa2_optimistic_128x256|fa1_64x64)', {CPU_OR_CUDA}, '1x8x512x64', True\)",
+    "bench_attention.AttentionDecode.time_decode": rf"\('(sdpa|splitk_decode_32)', {CPU_OR_CUDA}, 4096\)",
+    "bench_attention_backward.AttentionBackward.time_forward_backward": rf"\('(naive|fa2_64x64)', {CPU_OR_CUDA}, 512\)",
+    "bench_kvcache.PrefillVsDecode.time_decode_256": rf"\('(concat|static|paged)', {CPU_OR_CUDA}\)",
+    "bench_paging.PagedDecodeAttention.time_paged_decode": rf"\(.*, {CPU_OR_CUDA}, 1024\)",
+    "bench_quantization.LinearTime.time_matmul":
+        rf"\('(float|w8a8_token|weight_only_g32|llm_int8)', {CPU_OR_CUDA}, 16\)",
+    "bench_speculative.Enumeration.time_vocab4_gamma3_T4": r"\('standard', 'cpu'\)",
+    "bench_speculative.WallClock.time_speculative": r"\('draft_good', 4, 'cpu'\)",
+}
+# Every benchmark but the validation of llm_inference_harness.bench.compare itself (tens of minutes: docs/benchmarks.md).
+FULL = r"^(?!bench_harness\.ComparisonPower)"
+
+
+def regex(cases: dict[str, str]) -> str:
+    """One asv --bench regex selecting the given {benchmark: parameter regex} cases."""
+    return "|".join(f"^{name.replace('.', chr(92) + '.')}{params}" for name, params in cases.items())
+
+
+def local_results() -> Path:
+    """asv results of this machine's runs (llm_inference_harness.bench.results.local())."""
+    return results_paths.local()
+
+
+def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int = 0, **config) -> int:
+    """``asv ARGS`` with a temporary configuration (results_dir ``results``, html_dir ``html``, ``config``
+    overriding asv.conf.json) and this machine, named by its hardware, as the only one asv knows.
+
+    asv keeps its machines in ~/.asv-machine.json (asv's docs, "Machine information"); asv runs here with a
+    temporary HOME holding this machine's file, so the user's is never read or written.  The caches under the
+    real home (pip, Triton's compiled kernels) stay where they are."""
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), env_dir=str(ROOT / ".asv" / "env"),
+                results_dir=str(results), html_dir=str(html or results.parent / "html"), **config)
+    machine = provenance.asv_machine()
+    real_home = Path.home()
+    with tempfile.TemporaryDirectory(prefix="harness-asv-") as home:
+        (Path(home) / "asv.conf.json").write_text(json.dumps(conf, indent=2))
+        (Path(home) / ".asv-machine.json").write_text(json.dumps({machine["machine"]: machine, "version": 1}))
+        env = {"XDG_CACHE_HOME": str(real_home / ".cache"), "XDG_CONFIG_HOME": str(real_home / ".config"),
+               "TRITON_CACHE_DIR": str(real_home / ".triton" / "cache"), **os.environ, "HOME": home}
+        cmd = [sys.executable, "-m", "asv", *args, "--config", str(Path(home) / "asv.conf.json")]
+        if args[0] in ("run", "continuous"):
+            cmd += ["--machine", machine["machine"]]
+        return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT, env=env).returncode
+
+
+def suite(refresh: bool = False) -> dict:
+    """asv's description of this checkout's benchmark suite (benchmarks.json: names, parameter grids, versions),
+    discovered by asv (~5 s) into results_paths.suite_file() unless it was already discovered at this clean
+    commit.  Never committed: it is a function of the code."""
+    path, stamp = results_paths.suite_file(), results_paths.suite_file().with_suffix(".commit")
+    here = _code_stamp()
+    current = here != "unknown" and path.is_file() and stamp.is_file() and stamp.read_text() == here
+    if refresh or not current:
+        with tempfile.TemporaryDirectory(prefix="harness-discover-") as tmp:
+            # selecting no benchmark, asv discovers the suite, writes benchmarks.json, runs nothing and exits 1
+            rc = asv(["run", "--quick", "--python=same", "--dry-run", "--bench", "^no benchmark is called this$"]
+                     + (["--set-commit-hash", _head()] if _head() else []), results=Path(tmp))
+            found = Path(tmp) / "benchmarks.json"
+            if not found.is_file():
+                raise RuntimeError(f"asv could not discover the benchmark suite (exit {rc})")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(found, path)
+        stamp.write_text(here)
+    return inputs.asv_benchmarks(path)
+
+
+def _code_stamp() -> str:
+    """The checkout's commit, with a hash of its uncommitted changes to tracked files."""
+    here = provenance.commit()
+    if here.endswith("+dirty"):
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=ROOT, capture_output=True).stdout
+        here += hashlib.sha1(diff).hexdigest()[:12]
+    return here
+
+
+def _head() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""

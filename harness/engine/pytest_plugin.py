@@ -1,0 +1,197 @@
+"""pytest plugin (entry point ``pytest11``): the harness's properties inside any project's pytest session.
+
+In another project, after ``pip install llm-inference-harness``::
+
+    pytest --pyargs llm_inference_harness.properties.test_attention --harness-impl attention=my_pkg.kernels:attention
+
+runs every attention property against ``my_pkg.kernels.attention`` (a function, optionally marked with
+`llm_inference_harness.declare`, or an `Impl` record), with pytest's normal reporting: one test per property, a visible
+skip with its reason where the implementation does not declare what a property needs.  ``--harness-impl``
+may be repeated (several implementations or techniques); ``--harness-profile dev|ci|thorough`` picks the
+Hypothesis profile (default ci).  Without ``--harness-impl`` a property is parametrized over the registered
+implementations of its technique (this project's own test suite).
+
+Each implementation runs in a process of its own, as under ``harness check`` (harness/engine/boundary.py): this
+pytest process is the judge and never imports the module ``--harness-impl`` names.  The processes are forked by
+a zygote this plugin starts at configure time, before any test has computed anything.
+``--harness-trusted-in-process`` (or HARNESS_TRUSTED_IN_PROCESS=1) runs them inside the pytest process instead:
+for one's own code only, where a crash may take the session down and the code can reach the judge.
+
+The plugin does nothing to a session that collects none of the harness's property modules.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from llm_inference_harness.engine.profiles import PROFILES
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "llm-inference-harness properties")
+    group.addoption("--harness-impl", action="append", default=[], metavar="TECHNIQUE=MODULE:ATTR",
+                    help="check this implementation (a module attribute or FILE.py:ATTR), not the registered ones")
+    group.addoption("--harness-profile", choices=PROFILES, default=None,
+                    help="Hypothesis profile for the harness's properties (default: ci with --harness-impl)")
+    group.addoption("--harness-trusted-in-process", action="store_true",
+                    help="run implementations inside this pytest process: only for code you trust (by default each "
+                         "runs in a process of its own, which cannot reach the judge)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from llm_inference_harness.engine.profiles import load
+    from llm_inference_harness.engine.runner import trusted_in_process
+
+    if not (config.getoption("--harness-trusted-in-process") or trusted_in_process()):
+        config.stash[_ISOLATED] = Isolated()  # the zygote forks now, before this process computes anything
+    profile = config.getoption("--harness-profile") or ("ci" if config.getoption("--harness-impl") else None)
+    if profile:
+        load(profile, prefix="harness-")
+    if config.getoption("--harness-impl"):
+        config.stash[_CHOSEN] = _chosen(config.getoption("--harness-impl"), config.stash.get(_ISOLATED, None))
+        config.stash[_PROFILE] = profile
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    isolated = config.stash.get(_ISOLATED, None)
+    if isolated is not None:
+        isolated.close()
+
+
+_CHOSEN = pytest.StashKey[dict]()
+_PROFILE = pytest.StashKey[str]()
+_ISOLATED = pytest.StashKey["Isolated"]()
+
+
+class Isolated:
+    """The implementations' processes of this session, forked by the zygote on first use and kept for the next
+    tests (the latest KEPT of them), forked anew after one has died (a crash or a hang ends a test, not the rest)."""
+
+    KEPT = 8  # each holds torch and its implementation: a few hundred MB, mostly shared with the zygote
+
+    def __init__(self) -> None:
+        from llm_inference_harness.engine.zygote import Zygote
+
+        self.zygote = Zygote()
+        self.impls: dict = {}
+
+    def impl(self, technique: str, *, name: str | None = None, plugin: str | None = None):
+        from llm_inference_harness.engine.runner import Target, open_isolated
+
+        key = (technique, name, plugin)
+        impl = self.impls.pop(key, None)
+        if impl is not None and impl.fn.process.dead:
+            impl.fn.process.close()
+            impl = None
+        if impl is None:
+            impl = open_isolated(Target(technique, name=name, plugin=plugin), one_thread=True, spawn=self.zygote.spawn)
+        self.impls[key] = impl  # the latest used last
+        while len(self.impls) > self.KEPT:
+            self.impls.pop(next(iter(self.impls))).fn.process.close()
+        return impl
+
+    def close(self) -> None:
+        for impl in self.impls.values():
+            impl.fn.process.close()
+        self.zygote.close()
+
+
+def _chosen(specs: list[str], isolated: Isolated | None) -> dict:
+    """{technique: [Impl]} of the ``--harness-impl`` options (each loaded in its own process, unless trusted); a
+    usage error names the bad one."""
+    from llm_inference_harness.contracts import load_techniques
+    from llm_inference_harness.engine.plugins import load_plugin
+
+    if not os.environ.get("TRITON_INTERPRET"):
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run under its CPU interpreter here
+    chosen: dict[str, list] = {}
+    for spec in specs:
+        technique, sep, where = spec.partition("=")
+        if not sep or technique not in load_techniques():
+            raise pytest.UsageError(f"--harness-impl must be TECHNIQUE=MODULE:ATTR with TECHNIQUE one of "
+                                    f"{', '.join(sorted(load_techniques()))}; got {spec!r}")
+        try:
+            impl = isolated.impl(technique, plugin=where) if isolated else load_plugin(where, technique)
+            chosen.setdefault(technique, []).append((impl, where))
+        except Exception as exc:
+            raise pytest.UsageError(f"--harness-impl {spec}: {type(exc).__name__}: {exc}") from exc
+    return chosen
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "impl" not in metafunc.fixturenames:
+        return
+    technique = _technique_of(metafunc.function.__module__)
+    if technique is None:
+        return
+    from llm_inference_harness.engine.registry import KNOWN_FAILURES, impls
+    from llm_inference_harness.engine.runner import Property
+
+    chosen = metafunc.config.stash.get(_CHOSEN, None)
+    candidates = [impl for impl, _ in chosen.get(technique, [])] if chosen is not None else impls(technique)
+    prop = Property(metafunc.function.__name__, metafunc.function, metafunc.function.__module__)
+    cases = []
+    for impl in candidates:
+        reason = prop.skip_reason(impl)
+        known = KNOWN_FAILURES.get((technique, impl.name, prop.name.removeprefix("test_")))
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        if known and not reason:  # strict: a recorded failure that stops reproducing fails the run, as `stale` does
+            marks.append(pytest.mark.xfail(strict=True, reason=f"known upstream failure of {known.library} "
+                                                               f"{known.version}: {known.what}"))
+        cases.append(pytest.param(impl, id=impl.name, marks=marks))
+    if not cases:
+        cases = [pytest.param(None, id="none", marks=[pytest.mark.skip(
+            reason=f"no {technique} implementation was given (--harness-impl {technique}=MODULE:ATTR)")])]
+    metafunc.parametrize("impl", cases)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A known upstream failure runs without shrinking: the xfail needs one failing example, and shrinking one
+    replays hundreds of variations (tens of seconds for a transformers model) to print nothing."""
+    from llm_inference_harness.engine.registry import KNOWN_FAILURES
+    from llm_inference_harness.engine.runner import shrinking
+
+    impl = getattr(getattr(item, "callspec", None), "params", {}).get("impl")
+    technique = _technique_of(getattr(item, "module", None).__name__) if impl is not None else None
+    known = technique and KNOWN_FAILURES.get((technique, impl.name, item.originalname.removeprefix("test_")))
+    isolated = item.config.stash.get(_ISOLATED, None)
+    spec = next((where for chosen, where in item.config.stash.get(_CHOSEN, {}).get(technique, []) if chosen is impl),
+                None)
+    if technique and isolated is not None:  # the implementation's process: kept from an earlier test, or new
+        item.funcargs["impl"] = isolated.impl(technique, plugin=spec) if spec else isolated.impl(technique,
+                                                                                               name=impl.name)
+    with shrinking(item.obj, not known):
+        try:
+            return (yield)
+        except BaseException as exc:
+            if spec:
+                _advise_the_harness_command(exc, technique, spec, item.originalname.removeprefix("test_"),
+                                            item.config.stash[_PROFILE])
+            raise
+
+
+def _advise_the_harness_command(exc: BaseException, technique: str, spec: str, prop: str, profile: str) -> None:
+    """Hypothesis ends a failure with "add @reproduce_failure(...) as a decorator on your test function": the
+    test function is ours, in site-packages.  A downstream user gets the harness's command that replays the
+    example instead (and rerunning the same pytest command finds it again: the ci profile is derandomized)."""
+    from llm_inference_harness.engine.runner import failure_blob, reproduce_command
+
+    blob = failure_blob(exc)
+    for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
+        notes = getattr(sub, "__notes__", None)
+        if notes is not None:
+            notes[:] = [n for n in notes if "@reproduce_failure" not in n]
+    exc.add_note(f"Reproduce: {reproduce_command(technique, '', prop, profile, spec, blob)}")
+
+
+def _technique_of(module: str) -> str | None:
+    """The technique whose property modules include ``module``, or None (not one of ours)."""
+    from llm_inference_harness.contracts import load_techniques
+
+    return next((t.name for t in load_techniques().values() if module in t.properties), None)

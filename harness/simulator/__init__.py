@@ -1,5 +1,0 @@
-"""Serving simulator: continuous batching under reserve-max, oracle-contiguous and paged memory policies.
-
-``python -m harness.simulator`` prints both canned scenarios side by side with the numbers recorded when they
-were written.
-"""
