@@ -17,12 +17,17 @@ a zygote this plugin starts at configure time, before any test has computed anyt
 ``--harness-trusted-in-process`` (or HARNESS_TRUSTED_IN_PROCESS=1) runs them inside the pytest process instead:
 for one's own code only, where a crash may take the session down and the code can reach the judge.
 
-The plugin does nothing to a session that collects none of the harness's property modules.
+The plugin does nothing to a session that collects none of the harness's property modules.  Those are imported by
+their package name wherever they are collected from: from a checkout (``pytest properties``), pytest would import
+properties/test_attention.py under the top-level name of its folder, a second name (which fails on purpose).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +43,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-trusted-in-process", action="store_true",
                     help="run implementations inside this pytest process: only for code you trust (by default each "
                          "runs in a process of its own, which cannot reach the judge)")
+
+
+@functools.cache
+def _properties_folder() -> Path:
+    import llm_inference_harness.properties as laws
+
+    return Path(laws.__file__).resolve().parent
+
+
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """properties/ as a plain folder: a package collector would import its __init__ as ``properties``."""
+    return pytest.Dir.from_parent(parent, path=path) if path.resolve() == _properties_folder() else None
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if module_path.resolve().parent == _properties_folder():
+        return PropertyModule.from_parent(parent, path=module_path)
+    return None
+
+
+class PropertyModule(pytest.Module):
+    """A property module, imported once, by its name in the package (the runner imports the same module)."""
+
+    def _getobj(self):
+        return importlib.import_module(f"llm_inference_harness.properties.{self.path.stem}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
