@@ -35,6 +35,7 @@ Forward implementations (technique "attention") that can also return L declare
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,7 +43,9 @@ from llm_inference_harness.contracts import Technique, define
 from llm_inference_harness.contracts.attention import check_inputs, on_device_of, same_device
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from llm_inference_harness.engine.registry import Impl
+
+if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
+    from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)

@@ -60,12 +60,14 @@ independent of the pool size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_inference_harness.contracts import Technique, define
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call, is_remote
-from llm_inference_harness.engine.registry import Impl
+
+if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
+    from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,7 +44,9 @@ from llm_inference_harness.contracts import Technique, define
 from llm_inference_harness.contracts.attention import check_causal, on_device_of, same_device
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import call_limit, check_tensor, guarded_call
-from llm_inference_harness.engine.registry import Impl
+
+if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
+    from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)

@@ -58,14 +58,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 
 from llm_inference_harness.contracts import Technique, define
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from llm_inference_harness.engine.registry import Impl
+
+if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
+    from llm_inference_harness.engine.registry import Impl
 
 CodeRange = Literal["restricted", "full", "signed_extreme"]
 GRANULARITIES = ("tensor", "channel", "group")

@@ -54,15 +54,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from llm_inference_harness.contracts import Technique, define
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
-from llm_inference_harness.engine.registry import Impl
 from llm_inference_harness.sampling.enumeration import outcome_distribution
+
+if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
+    from llm_inference_harness.engine.registry import Impl
 
 STAGES = ("temperature", "top_k", "top_p", "min_p")
 # caps order -> the stages after the penalties: transformers' _get_logits_processor; vLLM v1's Sampler (min-p is an

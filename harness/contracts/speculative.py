@@ -76,14 +76,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from llm_inference_harness.contracts import Technique, define
 from llm_inference_harness.contracts.sampling import SamplingParams, check_values
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call
-from llm_inference_harness.engine.registry import Impl
 from llm_inference_harness.sampling.lm import LM, check_distribution
+
+if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
+    from llm_inference_harness.engine.registry import Impl
 
 
 @dataclass(frozen=True)

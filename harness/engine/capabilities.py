@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from llm_inference_harness.engine.registry import Impl
 
 
 def cap(default: Any, meaning: str) -> Any:
@@ -100,3 +103,33 @@ def _type_name(hint: Any) -> str:
     if hint is type(None):
         return "None"
     return getattr(hint, "__name__", str(hint))
+
+
+# --- when a property applies: decided from what an implementation declares ---------------------------------------
+Predicate = Callable[["Impl"], "str | None"]  # returns a skip reason, or None when the property applies
+
+
+def applies(predicate: Predicate) -> Callable[[Callable], Callable]:
+    """Declare when a property applies: ``@applies(lambda impl: None if impl.exact else "approximate")``."""
+
+    def mark(fn: Callable) -> Callable:
+        fn.harness_applies = [*getattr(fn, "harness_applies", []), predicate]
+        return fn
+
+    return mark
+
+
+def needs_cap(cap: str, why: str) -> Callable[[Callable], Callable]:
+    """Applies only to implementations declaring the boolean capability ``cap``."""
+
+    def declared(impl: Impl) -> str | None:
+        if not hasattr(impl.caps, cap):
+            raise AttributeError(f"needs_cap: {cap!r} is not a capability of {impl.technique} "
+                                 f"({type(impl.caps).__name__})")
+        return None if getattr(impl.caps, cap) else f"{impl.name} does not declare {cap!r} ({why})"
+
+    return applies(declared)
+
+
+def needs_dtype(*dtypes: str) -> Callable[[Callable], Callable]:
+    return applies(lambda impl: None if set(dtypes) & set(impl.dtypes) else f"declares none of {dtypes}")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llm_inference_harness.contracts import technique as contract
 from llm_inference_harness.engine.capabilities import Caps, build
 
 ENTRY_POINT_GROUP = "harness.impls"
@@ -78,8 +79,6 @@ def make_impl(technique: str, name: str, fn: Callable, **declared: Any) -> Impl:
     """Build a record without registering it (used for plugins loaded by `check --plugin`).
 
     Raises TypeError/ValueError naming the field or capability at fault, listing the valid ones."""
-    from llm_inference_harness.contracts import technique as contract  # contracts import this module: look them up late
-
     who = f"register({technique!r}, {name!r})"
     unknown = sorted(set(declared) - set(FIELDS))
     if unknown:

@@ -31,34 +31,6 @@ from llm_inference_harness.engine.inputs import UsageError
 from llm_inference_harness.engine.plugins import LoadFailure, PluginLoadError
 from llm_inference_harness.engine.registry import KNOWN_FAILURES, Impl
 
-Predicate = Callable[[Impl], "str | None"]  # returns a skip reason, or None when the property applies
-
-
-def applies(predicate: Predicate) -> Callable[[Callable], Callable]:
-    """Declare when a property applies: ``@applies(lambda impl: None if impl.exact else "approximate")``."""
-
-    def mark(fn: Callable) -> Callable:
-        fn.harness_applies = [*getattr(fn, "harness_applies", []), predicate]
-        return fn
-
-    return mark
-
-
-def needs_cap(cap: str, why: str) -> Callable[[Callable], Callable]:
-    """Applies only to implementations declaring the boolean capability ``cap``."""
-
-    def declared(impl: Impl) -> str | None:
-        if not hasattr(impl.caps, cap):
-            raise AttributeError(f"needs_cap: {cap!r} is not a capability of {impl.technique} "
-                                 f"({type(impl.caps).__name__})")
-        return None if getattr(impl.caps, cap) else f"{impl.name} does not declare {cap!r} ({why})"
-
-    return applies(declared)
-
-
-def needs_dtype(*dtypes: str) -> Callable[[Callable], Callable]:
-    return applies(lambda impl: None if set(dtypes) & set(impl.dtypes) else f"declares none of {dtypes}")
-
 
 @dataclass(frozen=True)
 class Property:
