@@ -1,11 +1,17 @@
 """The harness's structure: dependencies point one way, capabilities are typed, implementations come in through
 the entry-point group.
 
-The import graph is read from the source (every import statement, at module level or inside a function), so
-a lazy import that closes a cycle counts as one."""
+The import graph is read from the source: every import statement, at module level or inside a function (a lazy
+import that closes a cycle counts as one; an import under ``if TYPE_CHECKING:`` does not run and does not count),
+and every string naming one of our modules -- ``importlib.import_module("...")``, ``python -m ...`` arguments,
+``require("...")``.  The module names a technique lists as its properties (``Technique(properties=...)``) are
+imported by the runner, so they count as the runner's imports, not the contract's.  Entry points are the one way
+in from outside: each must name a module of the layer its group expects.
+"""
 
 import ast
 import importlib.metadata
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,35 +21,98 @@ from llm_inference_harness.engine.capabilities import Caps, build
 from llm_inference_harness.engine.registry import DISTRIBUTION, ENTRY_POINT_GROUP, make_impl, register
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTSIDE = ("impls", "benchmarks", "properties", "tests")
+PACKAGE = "llm_inference_harness"
+FOLDERS = {PACKAGE: ROOT / "harness", f"{PACKAGE}.impls": ROOT / "impls", f"{PACKAGE}.properties": ROOT / "properties"}
+OUTSIDE = ("benchmarks", "tests", "docs", "harness", "impls", "properties")  # never imported by the package
+# Bottom first: a module imports modules of its own layer or below, never above.  A module's layer is that of the
+# longest prefix listed for it ("" is the package itself); each wing's __init__ says the same in words.
+LAYERS = [
+    ("numerics", ["numerics"]),
+    ("engine core", ["engine.capabilities", "engine.devices", "engine.tolerance", "engine.isolation", "engine.guard",
+                     "engine.profiles", "engine.progress", "engine.memory"]),
+    ("models", ["models"]),
+    ("sampling", ["sampling"]),
+    ("contracts", ["contracts"]),
+    ("registry", ["engine.registry", "engine.plugins"]),
+    ("references, strategies, batch invariance", ["references", "strategies", "engine.batch_invariance"]),
+    ("implementations, analytic models", ["impls", "analytic"]),
+    ("properties", ["properties"]),
+    ("runner", ["engine.runner", "engine.pytest_plugin"]),
+    ("bench", ["bench"]),
+    ("command line, the package's public face", ["cli", "__main__", ""]),
+]
+ENTRY_POINT_LAYERS = {ENTRY_POINT_GROUP: "implementations, analytic models", "pytest11": "runner",
+                      "scripts": "command line, the package's public face"}
+TOP_LEVEL = {"__init__", "__main__", "cli"}  # everything else of harness/ lives in a wing
 
 
-def harness_modules() -> dict[str, Path]:
+def package_modules() -> dict[str, Path]:
     mods = {}
-    for path in (ROOT / "harness").rglob("*.py"):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        mods[name] = path
+    for root, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            mods[".".join([root, *path.relative_to(folder).with_suffix("").parts]).removesuffix(".__init__")] = path
     return mods
 
 
-def imports(path: Path) -> list[str]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+MODULES = package_modules()
+
+
+def layer_of(module: str) -> int | None:
+    rest = module.removeprefix(PACKAGE).lstrip(".")
+    best = max(((len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
+                if rest == p or rest.startswith(p + ".") or p == ""), default=None)
+    return best[1] if best else None
+
+
+def module_of(target: str, mods=MODULES) -> str | None:
+    """The module a dotted name (module, module.attribute, "module:attr" or "package.") lies in."""
+    parts = target.split(":")[0].rstrip(".").split(".")
+    return next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in mods), None)
+
+
+def type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            skip |= {n for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def technique_properties(tree: ast.Module) -> set[ast.AST]:
+    """The string constants of ``Technique(..., properties=(...))``: module names the runner imports."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Technique":
+            found |= {n for kw in node.keywords if kw.arg == "properties" for n in ast.walk(kw.value)}
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    mods = harness_modules()
+def imports(source: str, mods=MODULES) -> list[tuple[str, str]]:
+    """(kind, target module) of every import and string import in a module's source; kind "import" or "string"."""
+    tree = ast.parse(source)
+    skip = type_checking_only(tree) | technique_properties(tree)
+    found = []
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [("import", a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [("import", f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module)
+                      for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and " " not in node.value:
+            if node.value.startswith(OUTSIDE + (PACKAGE,)) and module_of(node.value, mods):
+                found.append(("string", node.value))
+    return found
 
-    def module_of(target: str) -> str | None:
-        parts = target.split(".")
-        return next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in mods), None)
 
-    return {name: {m for t in imports(path) if (m := module_of(t)) and m != name} for name, path in mods.items()}
+def import_graph() -> dict[str, set[tuple[str, str]]]:
+    """{module: {(kind, module it imports)}} over the package's modules."""
+    graph = {name: {(kind, m) for kind, t in imports(path.read_text()) if (m := module_of(t)) and m != name}
+             for name, path in MODULES.items()}
+    runner = f"{PACKAGE}.engine.runner"
+    graph[runner] |= {("Technique.properties", m) for t in load_techniques().values() for m in t.properties}
+    return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -74,8 +143,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle_among_harness_modules():
-    assert cycles(import_graph()) == []
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if layer_of(m) is None] == []
+
+
+def test_no_import_points_up():
+    up = [f"{name} ({LAYERS[layer_of(name)][0]}) -> {target} ({LAYERS[layer_of(target)][0]}), by {kind}"
+          for name, edges in import_graph().items() for kind, target in edges if layer_of(target) > layer_of(name)]
+    assert up == []
+
+
+def test_no_import_cycle():
+    assert cycles({name: {m for _, m in edges} for name, edges in import_graph().items()}) == []
 
 
 def test_cycles_finds_a_cycle():
@@ -83,22 +162,78 @@ def test_cycles_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
-def test_harness_imports_nothing_of_impls_benchmarks_properties_or_tests():
-    bad = [(name, t) for name, path in harness_modules().items() for t in imports(path) if t.split(".")[0] in OUTSIDE]
+def test_string_imports_are_edges_and_type_checking_imports_are_not():
+    """The checks above can see a module reached by name: importlib, ``-m``, a lookup by string."""
+    mods = {f"{PACKAGE}.bench.compare": None, f"{PACKAGE}.engine.registry": None, f"{PACKAGE}.impls.external": None}
+    source = f'''
+import importlib
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from {PACKAGE}.engine.registry import Impl
+importlib.import_module("{PACKAGE}.bench.compare")
+run([sys.executable, "-m", "{PACKAGE}.bench.compare"])
+SOURCE = "{PACKAGE}.impls.external."
+'''
+    found = {(kind, module_of(t, mods)) for kind, t in imports(source, mods) if module_of(t, mods)}
+    assert found == {("string", f"{PACKAGE}.bench.compare"), ("string", f"{PACKAGE}.impls.external")}
+
+
+def test_the_package_imports_nothing_of_benchmarks_tests_or_the_folders_by_their_own_names():
+    bad = [(name, t) for name, path in MODULES.items() for _, t in imports(path.read_text())
+           if t.split(".")[0] in OUTSIDE]
     assert bad == []
 
 
 def test_only_the_cli_parses_arguments():
     """The engine is a library call: no module builds an argparse Namespace by hand to drive another."""
-    users = [name for name, path in harness_modules().items() if "Namespace(" in path.read_text()]
+    users = [name for name, path in MODULES.items() if path.is_relative_to(ROOT / "harness")
+             and "Namespace(" in path.read_text()]
     assert users == []
+
+
+def test_harness_top_level_holds_the_public_face_only():
+    top = {p.stem for p in (ROOT / "harness").glob("*.py")}
+    assert top == TOP_LEVEL, f"put {sorted(top - TOP_LEVEL)} in a wing (see each wing's __init__)"
+
+
+def test_every_wing_says_what_it_holds_and_may_import():
+    for init in sorted((ROOT / "harness").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "import" in doc.lower(), f"{init.relative_to(ROOT)}: its docstring does not say what it may import"
+
+
+def test_entry_points_name_modules_of_their_layer():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = {"scripts": project["scripts"], **project["entry-points"]}
+    assert set(groups) == set(ENTRY_POINT_LAYERS)
+    for group, points in groups.items():
+        for name, value in points.items():
+            module = value.split(":")[0]
+            assert module in MODULES, f"entry point {group}: {name} = {value} names no module"
+            assert LAYERS[layer_of(module)][0] == ENTRY_POINT_LAYERS[group], f"{group}: {name} = {value}"
+
+
+def test_the_wheel_ships_every_package():
+    """packages is listed in pyproject.toml (the import name maps onto three folders): a new folder must be added."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert {m for m, path in MODULES.items() if path.name == "__init__.py"} == listed
+
+
+def test_properties_hold_laws_only():
+    """A test in properties/ is a law run against implementations: it takes ``impl``; the harness's own tests
+    live in tests/."""
+    selftests = [f"{path.name}::{node.name}" for path in sorted((ROOT / "properties").glob("test_*.py"))
+                 for node in ast.parse(path.read_text()).body
+                 if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+                 and "impl" not in [a.arg for a in node.args.args]]
+    assert selftests == []
 
 
 def test_our_implementations_come_in_through_the_entry_point_group():
     ours = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
             if ep.dist is not None and ep.dist.name == DISTRIBUTION}
     # one package per technique, and impls/external: the adapters of third-party libraries, of several techniques
-    assert ours == {**{t: f"impls.{t}" for t in load_techniques()}, "external": "llm_inference_harness.impls.external"}
+    assert ours == {t: f"{PACKAGE}.impls.{t}" for t in [*load_techniques(), "external"]}
 
 
 def test_every_implementation_module_is_listed_by_its_package():

@@ -3,6 +3,9 @@
 A `Technique` names the call signature every implementation honours, where its properties live
 and how a plugin is written.  Each technique's module in this package adds itself to
 `TECHNIQUES` and provides the guarded call that properties use.
+
+Imports the engine's core (capabilities, guard) and sampling (the speculative contract is written against
+`sampling.lm.LM`); the registry imports the contracts, which name its `Impl` for type checking only.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from llm_inference_harness.impls.external import (  # noqa: F401 - imported to r
     flashinfer_kernels,
     flashinfer_sampling,
     gguf_quants,
+    hf_models,
     hqq_quant,
     mlx_affine,
     onnxruntime_ops,
