@@ -208,7 +208,7 @@ def _alarmed(fn: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: float
     a call on a 2-core VM (a block-manager state machine makes ~10^5 calls).  A hang in C code that never
     returns to Python is left to the per-implementation process limit, as with a thread."""
 
-    def expire(signum: int, frame: Any) -> None:
+    def expire(_signum: int, _frame: Any) -> None:
         raise _Expired
 
     previous = signal.signal(signal.SIGALRM, expire)

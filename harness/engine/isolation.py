@@ -58,10 +58,6 @@ _memory_limit = 0  # bytes, in a child: what llm_inference_harness.engine.guard 
 _capture = ""  # in a child: the file its stdout and stderr go to
 
 
-def in_child() -> bool:
-    return _channel is not None
-
-
 def send(kind: str, payload: Any = None) -> None:
     """Send a message to the parent (a no-op outside a child)."""
     if _channel is not None:

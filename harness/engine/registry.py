@@ -51,7 +51,7 @@ class Impl:
     def __repr__(self) -> str:  # what Hypothesis prints in a falsifying example
         return f"<{self.technique} implementation {self.name!r}>"
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def _repr_pretty_(self, printer, _cycle) -> None:
         printer.text(repr(self))
 
 

@@ -112,6 +112,8 @@ def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     q, k, v = query, key, value
     if dropout_p or (attn_mask is not None and attn_mask.dtype != torch.bool):
         raise NotImplementedError("fixed_order.sdpa: no dropout, and only boolean masks")
+    if not enable_gqa and q.shape[-3] != k.shape[-3]:  # as torch's: grouped heads only when asked for
+        raise ValueError(f"fixed_order.sdpa: {q.shape[-3]} query heads, {k.shape[-3]} key heads, enable_gqa=False")
     Nq, Nk = q.shape[-2], k.shape[-2]
     visible = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device)
     if is_causal:

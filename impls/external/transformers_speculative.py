@@ -38,6 +38,8 @@ def draws_through(rng):
         return r
 
     def categorical(probs, num_samples=1, **_):  # probs (1, V) -> (1, 1)
+        if num_samples != 1:
+            raise NotImplementedError(f"the enumerated torch.multinomial draws one sample per row, not {num_samples}")
         return rng.categorical(probs[0]).reshape(1, 1)
 
     torch.rand_like, torch.multinomial = accept_events, categorical
