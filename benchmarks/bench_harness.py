@@ -1,8 +1,10 @@
-"""The harness measuring itself: a workload of known cost (llm_inference_harness.bench.calibrated) timed as any benchmark is, and
-how well `llm_inference_harness.bench.compare` tells copies of the repository apart whose workload costs 0, 5, 10 or 20% more.
+"""The harness measuring itself: a workload of known cost (llm_inference_harness.bench.calibrated) timed as any
+benchmark is, and how well `llm_inference_harness.bench.compare` tells copies of the repository apart whose workload
+costs 0, 5, 10 or 20% more.
 
 ComparisonPower runs for tens of minutes (every comparison starts two fresh workers); it is not in the quick
-pass.  `python -m llm_inference_harness.bench.compare --power --comparisons 200` is the same measurement with more comparisons.
+pass.  `python -m llm_inference_harness.bench.compare --power --comparisons 200` is the same measurement with more
+comparisons.
 """
 
 import torch

@@ -1,9 +1,10 @@
 """Sampling: tokens per second against the vocabulary and the batch size, the sorting-free rejection sampler
 against the sort-based one, and the exact enumeration of the V = 8 parameter grid (the goal: at most 10 s).
 
-Every row samples with temperature 0.8, top-k 50, top-p 0.9, min-p 0.05 and a repetition penalty of 1.1 on a
-64-token history (the parameters an implementation does not apply stay off).  Samplers draw through
-llm_inference_harness.sampling.lm.TorchRng, or from a seed when they declare rng="own"; processors (returns="probs") are timed processing.
+Every row samples with temperature 0.8, top-k 50, top-p 0.9, min-p 0.05 and a repetition penalty of 1.1 on a 64-token
+history (the parameters an implementation does not apply stay off).  Samplers draw through
+llm_inference_harness.sampling.lm.TorchRng, or from a seed when they declare rng="own"; processors (returns="probs") are
+timed processing.
 """
 
 import torch
@@ -14,7 +15,8 @@ from benchmarks.invariance_cost import alternating_ratio
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("llm_inference_harness.contracts.sampling", "llm_inference_harness.references.sampling", "llm_inference_harness.strategies.sampling")
+    require("llm_inference_harness.contracts.sampling", "llm_inference_harness.references.sampling",
+            "llm_inference_harness.strategies.sampling")
 
 
 IMPLS = impl_names("sampling")

@@ -1,8 +1,9 @@
 """Speculative decoding: enumeration cost, acceptance, tokens per target call, quality, wall-clock speedup, and
 the cost of a batch-invariant batch form.
 
-Tiny models: llm_inference_harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from harness/sampling/drafts.  Ratios
-(speedup, c) are measured within one process, one setup, so that load on a shared machine cancels.
+Tiny models: llm_inference_harness.models.zoo ("target", "draft_good", "draft_bad"); drafts from
+harness/sampling/drafts.  Ratios (speedup, c) are measured within one process, one setup, so that load on a shared
+machine cancels.
 """
 
 import time
@@ -13,7 +14,8 @@ from benchmarks.invariance_cost import alternating_ratio
 
 def setup(*params):
     """asv runs this before every benchmark here: older commits without these modules are skipped."""
-    require("llm_inference_harness.contracts.speculative", "llm_inference_harness.sampling.enumeration", "llm_inference_harness.sampling.lm")
+    require("llm_inference_harness.contracts.speculative", "llm_inference_harness.sampling.enumeration",
+            "llm_inference_harness.sampling.lm")
 
 
 DRAFTS = ["draft_good", "draft_bad", "bigram", "trigram", "uniform", "prompt_lookup"]

@@ -1,7 +1,7 @@
 """Command line: ``harness list | check | mutants | run | compare | gate | report``.
 
-The checking itself is llm_inference_harness.engine.runner's: each implementation runs in its own child process, so whatever a
-plugin does becomes a verdict and the run goes on.  This module parses arguments, prints progress and the
+The checking itself is llm_inference_harness.engine.runner's: each implementation runs in its own child process, so
+whatever a plugin does becomes a verdict and the run goes on.  This module parses arguments, prints progress and the
 implementation x property matrix, and writes the JSON documents (schema: docs/verdicts.md).
 
 Exit codes: 0 everything that should pass passed, 1 a property failed (or a mutant survived, or a plugin's own
@@ -281,7 +281,8 @@ def _valid_sections(args: argparse.Namespace) -> None:
 
 
 def _valid_outputs(args: argparse.Namespace) -> None:
-    """Every path the command will write, checked now rather than when a long run ends (llm_inference_harness.engine.outputs)."""
+    """Every path the command will write, checked now rather than when a long run ends
+    (llm_inference_harness.engine.outputs)."""
     _valid_json_path(getattr(args, "json", None))
     if args.command == "run":
         _valid_results_folder()

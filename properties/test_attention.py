@@ -1,8 +1,8 @@
 """Properties of exact attention (contract: harness/contracts/attention.py).
 
 Every test taking ``impl`` runs against each registered implementation (pytest, via conftest) and
-backs a column of ``harness check attention``.  The merge laws at the end test the
-(m, l, o) merge that all tiled kernels share.
+backs a column of ``harness check attention``.  The (m, l, o) merge that all tiled kernels share has its own
+laws in tests/test_online_softmax.py.
 """
 
 import itertools

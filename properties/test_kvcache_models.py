@@ -7,7 +7,8 @@ multi-token chunks) equal the model's own float64 full forward at every split po
 batch equals its sequence alone; slots holding a pad or nothing yet, poisoned, never reach a logit; two caches of
 one model stay apart; a rejected call at any point of a decode leaves the cache as it was; greedy and seeded
 sampling draw the oracle's tokens; sequences run past the sliding window several times, or fill the cache.
-Every logit of every real token is compared, within the earned tolerance of the model's dtype (harness/engine/tolerance.py).
+Every logit of every real token is compared, within the earned tolerance of the model's dtype
+(harness/engine/tolerance.py).
 """
 
 from __future__ import annotations

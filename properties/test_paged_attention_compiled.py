@@ -1,8 +1,7 @@
 """The C paged-attention kernel (impls/paged_attention/compiled.py) beyond the contract's shared properties.
 
 Its loop order is fixed by the logical key order alone, so the bits of its output cannot depend on where
-the blocks lie in the pool or on how many threads run it.  Its build is lazy (importing the harness never
-compiles), cached per source/flags/compiler, and atomic under parallel builders.
+the blocks lie in the pool or on how many threads run it (its build: tests/test_paged_attention_compiled.py).
 """
 
 import torch

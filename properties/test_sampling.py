@@ -180,9 +180,10 @@ def test_parameter_grid_exactly(impl):
 
 @applies(processor)
 def test_statistical_fit_large_vocabulary(impl):
-    """Chi-square of one token from each of n identical rows (V = 256, every filter and penalty at work) against
-    the reference: detects a total-variation distance of DELTA with probability >= POWER (llm_inference_harness.sampling.statistical);
-    the tokens the reference gives fewer than 5 expected draws are pooled into one cell."""
+    """Chi-square of one token from each of n identical rows (V = 256, every filter and penalty at work) against the
+    reference: detects a total-variation distance of DELTA with probability >= POWER
+    (llm_inference_harness.sampling.statistical); the tokens the reference gives fewer than 5 expected draws are pooled
+    into one cell."""
     V = min(256, impl.caps.max_vocab or 256)
     g = torch.Generator().manual_seed(11)
     row = torch.randn(1, V, generator=g) * 3

@@ -249,7 +249,8 @@ def test_the_history_and_the_dashboard_name_a_bad_file_before_handing_it_to_asv(
 def test_a_backfill_checks_its_shard_before_measuring(shard, says, tmp_path, monkeypatch, capsys):
     from llm_inference_harness.bench import history
 
-    monkeypatch.setattr(sys, "argv", ["llm_inference_harness.bench.history", "backfill", "--shard", shard, "--results", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["llm_inference_harness.bench.history", "backfill", "--shard", shard,
+                                      "--results", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_:
         history.main()
     err = capsys.readouterr().err
@@ -306,8 +307,8 @@ UNLOADABLE = {  # plugin file -> (its source, what its one verdict line says)
     "failing_import.py": ("import torch\nimport no_such_package_here\n",
                           "could not be loaded: ModuleNotFoundError: No module named 'no_such_package_here' ({path}, "
                           "line 2)"),
-    "float17.py": ("from llm_inference_harness import declare\n\n\n@declare(dtypes=('float17',))\ndef attention(q, k, v, *, "
-                   "causal=False, scale=None):\n    return q\n",
+    "float17.py": ("from llm_inference_harness import declare\n\n\n@declare(dtypes=('float17',))\n"
+                   "def attention(q, k, v, *, causal=False, scale=None):\n    return q\n",
                    "could not be loaded: ValueError: register('attention', 'attention'): dtypes ['float17'] are not "
                    "among ('float64', 'float32', 'bfloat16', 'float16') ({path}, line 4)"),
 }
@@ -463,7 +464,8 @@ def test_check_killed_at_random_moments_never_leaves_a_partial_json(tmp_path):
             os.kill(pid, sig)
             os.kill(pid, signal.SIGCONT)
             assert say("reap") == "done\n"
-            for child in children:  # each leads its own process group (llm_inference_harness.engine.isolation); the harness is gone
+            # each leads its own process group (llm_inference_harness.engine.isolation); the harness is gone
+            for child in children:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child, signal.SIGKILL)
             document = json.loads(path.read_text())

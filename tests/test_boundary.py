@@ -56,9 +56,9 @@ def test_a_killed_harness_takes_the_judge_and_the_implementation_along(tmp_path)
         def attention(q, k, v, *, causal=False, scale=None):
             time.sleep(600)
     """))
-    cli = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", "check", "attention", "--plugin", f"{plugin}:attention",
-                            "--property", "matches_reference", "--jobs", "1"], cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", "check", "attention",
+                            "--plugin", f"{plugin}:attention", "--property", "matches_reference", "--jobs", "1"],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     tree: set[int] = set()
     while time.monotonic() < deadline and len(tree) < 2:  # the judge, and the implementation's process below it

@@ -24,8 +24,8 @@ STOP_WITHIN_S = 2.0
 
 
 def harness(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llm_inference_harness", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, **kw)
+    return subprocess.run([sys.executable, "-m", "llm_inference_harness", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout, **kw)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -106,8 +106,8 @@ def test_a_failure_reproduces_with_the_harness_command_alone(failing_check):
 
 
 def test_list_into_a_closed_pipe_ends_quietly():
-    proc = subprocess.run(f"{sys.executable} -m llm_inference_harness list | head -1", shell=True, capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    proc = subprocess.run(f"{sys.executable} -m llm_inference_harness list | head -1", shell=True, capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
     assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, (
         proc.stderr[-2000:])
 
@@ -121,9 +121,9 @@ def test_list_prints_the_capability_table(capsys):
 
 
 def _children(pid: int) -> set[int]:
-    """The checking processes of harness ``pid``: its children that lead their own session (llm_inference_harness.engine.isolation's
-    setsid).  Not any child: importing the implementations runs `ldconfig -p`, and a Ctrl-C sent then lands
-    mid-import."""
+    """The checking processes of harness ``pid``: its children that lead their own session
+    (llm_inference_harness.engine.isolation's setsid).  Not any child: importing the implementations runs `ldconfig
+    -p`, and a Ctrl-C sent then lands mid-import."""
     ps = subprocess.run(["ps", "-eo", "pid=,ppid=,sid="], capture_output=True, text=True).stdout
     return {int(p) for p, parent, sid in (line.split() for line in ps.splitlines()) if int(parent) == pid
             and sid == p}

@@ -1,4 +1,5 @@
-"""Laws of the exact enumerator (harness/sampling/enumeration.py) and of the randomness protocol (harness/sampling/lm.py).
+"""Laws of the exact enumerator (harness/sampling/enumeration.py) and of the randomness protocol
+(harness/sampling/lm.py).
 
 The enumerator is the judge of every exactness property, so it is tested on its own: against hand-computed
 distributions, merged rounds against run-by-run enumeration, and on the batched sampler's joint output.

@@ -57,8 +57,8 @@ def _check(tmp_path: Path, name: str, *args: str) -> dict:
     env = {**os.environ, "HARNESS_EXAMPLE_DB_LOCAL": str(tmp_path / f"{name}-examples")}
     env.pop("HARNESS_EXAMPLE_DB", None)
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, "-m", "llm_inference_harness", *CASE, *args, "--json", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "llm_inference_harness", *CASE, *args, "--json", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # a mutant's failure fails no check
     (verdict,) = json.loads(out.read_text())["verdicts"]
     assert verdict["status"] == "FAIL", verdict

@@ -1,4 +1,5 @@
-"""llm_inference_harness.bench.history: which commits a backfill picks, and result files that keep one series per machine."""
+"""llm_inference_harness.bench.history: which commits a backfill picks, and result files that keep one series per
+machine."""
 
 import json
 

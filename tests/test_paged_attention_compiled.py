@@ -36,7 +36,8 @@ def test_failed_build_raises_with_compiler_output(tmp_path, monkeypatch):
 
 
 def test_importing_the_harness_compiles_nothing(tmp_path):
-    probe = ("from llm_inference_harness.engine.registry import load_all; load_all(); from llm_inference_harness.impls.paged_attention import compiled; "
+    probe = ("from llm_inference_harness.engine.registry import load_all; load_all(); "
+             "from llm_inference_harness.impls.paged_attention import compiled; "
              "print(compiled.library.cache_info().currsize)")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)

@@ -165,11 +165,11 @@ def test_a_plugin_that_misbehaves_at_import_gets_a_verdict_and_a_json(module, im
 def test_an_entry_point_that_exits_at_import_does_not_take_list_or_pytest_down():
     """Another distribution's entry point loads only when asked for; when asked, it is probed in a child first."""
     env = {**os.environ, "PYTHONPATH": str(IMPORTS / "exits_on_import")}
-    quiet = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "quantization"], capture_output=True, text=True,
-                           cwd=ROOT, env=env, timeout=300)
+    quiet = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "quantization"], capture_output=True,
+                           text=True, cwd=ROOT, env=env, timeout=300)
     assert quiet.returncode == 0 and "absmax" in quiet.stdout, quiet.stderr[-2000:]
-    asked = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "quantization", "--entry-points", "all"],
-                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    asked = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "quantization", "--entry-points",
+                            "all"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert asked.returncode == 0 and "absmax" in asked.stdout, asked.stderr[-2000:]
     assert "entry point exits = exits_on_import" in asked.stderr and "exited with code 7" in asked.stderr, asked.stderr
     suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_structure.py",
@@ -195,12 +195,12 @@ def test_an_entry_point_is_listed_and_judged_but_never_imported_by_the_harness(t
     imported_by.chmod(0o666)
     env = {**os.environ, "PYTHONPATH": str(IMPORTS / "registers_an_attention"), "IMPORTED_BY": str(imported_by),
            "HARNESS_ENTRY_POINTS": "theirs"}
-    listed = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "attention"], capture_output=True, text=True,
-                            cwd=ROOT, env=env, timeout=300)
+    listed = subprocess.run([sys.executable, "-m", "llm_inference_harness", "list", "attention"], capture_output=True,
+                            text=True, cwd=ROOT, env=env, timeout=300)
     assert listed.returncode == 0 and "theirs_sdpa" in listed.stdout, listed.stderr[-2000:]
-    command = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", "check", "attention", "--impl", "theirs_sdpa",
-                                "--property", "matches_reference", "--jobs", "1"], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    command = subprocess.Popen([sys.executable, "-m", "llm_inference_harness", "check", "attention",
+                                "--impl", "theirs_sdpa", "--property", "matches_reference", "--jobs", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
     output, _ = command.communicate(timeout=600)
     assert command.returncode == 0 and "1 passed" in output, output[-2000:]
     importers = {int(line) for line in imported_by.read_text().split()}

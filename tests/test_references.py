@@ -30,7 +30,6 @@ def test_score_conditioning_is_finite_and_within_the_values_spread(case):
 
 
 # ---------------------------------------------------------------------------------------------
-# laws of the backward's building blocks
 @given(case=attention_cases(max_len=64))
 def test_delta_identity(case):
     """D_i = sum_j P_ij dP_ij = dO_i . O_i (float64): why the backward needs only O, never the row of P."""

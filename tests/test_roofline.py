@@ -1,4 +1,5 @@
-"""The roofline estimator (harness/analytic/roofline.py): its worked numbers, computed, against worked examples done by hand."""
+"""The roofline estimator (harness/analytic/roofline.py): its worked numbers, computed, against worked examples done by
+hand."""
 
 import math
 

@@ -5,8 +5,8 @@ broken (drafting past max_new_tokens fails at once, where it used to run into th
 minutes).
 
 The samplers are tests/speculative_samplers.py; each is run through the properties the contract's clause
-decides (`llm_inference_harness.engine.runner`, as `harness check --no-shrink` runs them: the clause decides the verdict,
-whatever the example), the other properties being the standard sampler's.
+decides (`llm_inference_harness.engine.runner`, as `harness check --no-shrink` runs them: the clause decides the
+verdict, whatever the example), the other properties being the standard sampler's.
 """
 
 import pytest

@@ -67,14 +67,28 @@ def installed(tmp_path_factory) -> tuple[Path, Path, Path]:
     return tuple(Path(p) for p in once(tmp_path_factory, "wheel", install))
 
 
+PACKAGE = "llm_inference_harness"
+
+
 def files_under(site: Path) -> set[Path]:
-    return {p for name in ("harness", "impls", "properties") for p in (site / name).rglob("*")}
+    return set((site / "llm_inference_harness").rglob("*"))
 
 
 def test_the_wheel_is_what_runs(installed):
     python, site, project = installed
-    where = run(python, "-c", "import harness, properties; print(llm_inference_harness.__file__, llm_inference_harness.properties.__file__)", cwd=project)
+    where = run(python, "-c", "import llm_inference_harness as h, llm_inference_harness.properties as p; "
+                "print(h.__file__, p.__file__)", cwd=project)
     assert all(Path(p).is_relative_to(site) for p in where.stdout.split()), where.stdout + where.stderr
+
+
+def test_the_wheel_adds_one_import_name(installed):
+    """Generic top-level names (harness, impls, properties) would clash with a downstream project's modules."""
+    python, site, project = installed
+    installed = {p.name for p in site.iterdir() if not p.name.endswith((".dist-info", ".pth"))}
+    assert installed - {"pip", "_distutils_hack", "setuptools", "pkg_resources", "__pycache__"} == {PACKAGE}
+    for name in ("harness", "impls", "properties"):
+        done = run(python, "-c", f"import {name}", cwd=project)
+        assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, f"import {name}: {done.stderr[-500:]}"
 
 
 def test_our_properties_run_in_a_downstream_pytest_session(installed):
@@ -110,8 +124,8 @@ def _case(text: str) -> str:
 def test_check_runs_from_the_wheel_and_writes_nothing_into_site_packages(installed):
     python, site, project = installed
     before = files_under(site)
-    done = run(python, "-m", "llm_inference_harness", "check", "attention", "--plugin", "my_pkg.kernels:attention", "--property",
-               "matches_reference", "--json", "verdicts.json", cwd=project)
+    done = run(python, "-m", "llm_inference_harness", "check", "attention", "--plugin", "my_pkg.kernels:attention",
+               "--property", "matches_reference", "--json", "verdicts.json", cwd=project)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert (project / "verdicts.json").is_file()
     assert files_under(site) == before

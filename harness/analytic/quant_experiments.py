@@ -183,7 +183,8 @@ def tables(n_docs: int = 200, n_calib_docs: int = 50) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m llm_inference_harness.analytic.quant_experiments", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m llm_inference_harness.analytic.quant_experiments",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--docs", type=int, default=200, help="held-out test documents (default 200)")
     p.add_argument("--calib-docs", type=int, default=50, help="calibration documents for SmoothQuant")
     args = p.parse_args(argv)

@@ -60,7 +60,8 @@ def measure_cpu(n: int = 1024, copy_mb: int = 64, repeats: int = 5) -> Device:
     t_mm = min(_seconds(lambda: a @ b) for _ in range(repeats))
     t_copy = min(_seconds(lambda: dst.copy_(src)) for _ in range(repeats))
     return Device("cpu (measured)", 2 * n**3 / t_mm, 2 * src.numel() * 4 / t_copy,
-                  f"llm_inference_harness.analytic.roofline.measure_cpu on this machine, {torch.get_num_threads()} threads")
+                  f"llm_inference_harness.analytic.roofline.measure_cpu on this machine, "
+                  f"{torch.get_num_threads()} threads")
 
 
 def _seconds(fn) -> float:

@@ -1,12 +1,12 @@
 """asv, run so that it never touches tracked files, and the benchmark cases the harness runs by name.
 
 Every asv call goes through a temporary configuration (results and html where the caller says: the paths of
-llm_inference_harness.bench.results) and a temporary home holding a machine file that describes this hardware under its own
-name (``provenance.asv_machine()``), so neither results/<machine>/ nor ~/.asv-machine.json is written unless a
+llm_inference_harness.bench.results) and a temporary home holding a machine file that describes this hardware under its
+own name (``provenance.asv_machine()``), so neither results/<machine>/ nor ~/.asv-machine.json is written unless a
 caller points asv there on purpose (the history backfill).
 
-QUICK is the main job's quick pass (the headline ratios; llm_inference_harness.bench.history's backfill measures the same cases
-over main's history), GATE the regression gate's cases (fast ``time_`` benchmarks, one per technique).
+QUICK is the main job's quick pass (the headline ratios; llm_inference_harness.bench.history's backfill measures the
+same cases over main's history), GATE the regression gate's cases (fast ``time_`` benchmarks, one per technique).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ GATE: dict[str, str] = {
     "bench_speculative.Enumeration.time_vocab4_gamma3_T4": r"\('standard', 'cpu'\)",
     "bench_speculative.WallClock.time_speculative": r"\('draft_good', 4, 'cpu'\)",
 }
-# Every benchmark but the validation of llm_inference_harness.bench.compare itself (tens of minutes: docs/benchmarks.md).
+# Every benchmark but the validation of llm_inference_harness.bench.compare itself (tens of minutes:
+# docs/benchmarks.md).
 FULL = r"^(?!bench_harness\.ComparisonPower)"
 
 

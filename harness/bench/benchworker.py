@@ -1,5 +1,5 @@
-"""A long-lived benchmark process for `llm_inference_harness.bench.compare` and `llm_inference_harness.bench.history`: it imports one commit's code and
-a benchmark suite, then answers JSON requests on stdin, one line each.
+"""A long-lived benchmark process for `llm_inference_harness.bench.compare` and `llm_inference_harness.bench.history`:
+it imports one commit's code and a benchmark suite, then answers JSON requests on stdin, one line each.
 
 Run by path (``python -c "import runpy; runpy.run_path(THIS)" SUITE``) with the commit's checkout as the working
 directory and its environment's interpreter, so that ``harness`` and ``impls`` are that commit's while

@@ -1,9 +1,9 @@
-"""A workload of known cost, to validate `llm_inference_harness.bench.compare`: ``work`` runs ``round(REPS * COST)`` identical steps
-of small attention (a GEMM, a softmax, a GEMM) on the same input, so a copy of the repository with COST = 1.10
-costs 10% more per call, to within one step.  (Feeding each step's output to the next would not do: the rows
-converge, and the first steps, whose softmax underflows, cost twice the later ones.)  `llm_inference_harness.bench.compare.power`
-makes such copies and counts how often a comparison calls them slower; benchmarks/bench_harness.py times
-``work`` as asv would.
+"""A workload of known cost, to validate `llm_inference_harness.bench.compare`: ``work`` runs ``round(REPS * COST)``
+identical steps of small attention (a GEMM, a softmax, a GEMM) on the same input, so a copy of the repository with COST
+= 1.10 costs 10% more per call, to within one step.  (Feeding each step's output to the next would not do: the rows
+converge, and the first steps, whose softmax underflows, cost twice the later ones.)
+`llm_inference_harness.bench.compare.power` makes such copies and counts how often a comparison calls them slower;
+benchmarks/bench_harness.py times ``work`` as asv would.
 """
 
 import torch

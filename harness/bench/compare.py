@@ -26,8 +26,8 @@ cannot rule such a change out), else ``same``.  For ``track_`` values the verdic
 Two registered implementations on one commit go through the same engine (``--impls A B``): two workers of one
 environment, the cases whose parameters name A paired with the same cases naming B.
 
-`power` validates all this honestly: copies of the repository whose llm_inference_harness.bench.calibrated.COST is raised by
-5, 10, 20% (and 0%: a copy that changes nothing but a comment) are compared with the original again and again
+`power` validates all this honestly: copies of the repository whose llm_inference_harness.bench.calibrated.COST is
+raised by 5, 10, 20% (and 0%: a copy that changes nothing but a comment) are compared with the original again and again
 (docs/benchmarks.md has the measured detection and false-alarm rates).
 """
 
@@ -397,14 +397,15 @@ def table(results: list[Result], a: str, b: str) -> str:
 # ------------------------------------------------------------------------------------------ validation
 def copies(fractions: list[float], repo: Path = ROOT, at: str = "HEAD") -> tuple[Path, str, dict[float, str]]:
     """A scratch clone of ``repo`` at ``at`` and, per fraction f, a commit on top of it whose
-    llm_inference_harness.bench.calibrated.COST is 1 + f (f = 0: only a comment changes).  Commit dates are fixed, so the same
-    HEAD gives the same copies (and their environments are reused)."""
+    llm_inference_harness.bench.calibrated.COST is 1 + f (f = 0: only a comment changes).  Commit dates are fixed, so
+    the same HEAD gives the same copies (and their environments are reused)."""
     head = git(repo, "rev-parse", f"{at}^{{commit}}")
     scratch = ENVS / f"copies-{head[:12]}"
     if not (scratch / ".git").is_dir():
         shutil.rmtree(scratch, ignore_errors=True)
         git(repo, "clone", "-q", "--shared", "--no-checkout", str(repo), str(scratch))
-    env = {**os.environ, "GIT_AUTHOR_NAME": "llm_inference_harness.bench.compare", "GIT_AUTHOR_EMAIL": "compare@invalid",
+    env = {**os.environ, "GIT_AUTHOR_NAME": "llm_inference_harness.bench.compare",
+           "GIT_AUTHOR_EMAIL": "compare@invalid",
            "GIT_COMMITTER_NAME": "llm_inference_harness.bench.compare", "GIT_COMMITTER_EMAIL": "compare@invalid",
            "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
     made = {}
@@ -556,7 +557,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.compare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.compare",
+                                     description=__doc__.splitlines()[0])
     add_arguments(parser)
     parser.add_argument("--power", nargs="*", type=float, metavar="FRACTION",
                         help="validate instead: compare copies whose calibrated cost is raised by these fractions")

@@ -1,14 +1,13 @@
-"""Publish the benchmark dashboard so that it works offline: ``python -m llm_inference_harness.bench.dashboard [--serve]``.
+"""The benchmark dashboard, published to work offline: ``python -m llm_inference_harness.bench.dashboard [--serve]``.
 
-The dashboard is generated output, never committed: `publish` builds it from the result files of one or more
-results folders (the committed results/<machine>/*.json by default) into llm_inference_harness.bench.results.html()
-(results/local/html in a checkout) or any folder.  Its first page, index.html, is ours (`overview`): every
-benchmark with a history, the longest first, one graph per machine (a series never mixes machines) with each
-point's spread, the goal where the benchmark has one (llm_inference_harness.bench.asvrun.GOALS), the steps `compare` confirmed
-(results/steps.json) marked with their commit, at most MAX_SERIES series per panel.  asv's own pages (every
-benchmark, every parameter, its regressions view) are published beside it as asv.html.  asv's pages pull jQuery,
-flot, bootstrap... from CDNs: we copy the vendored files of harness/bench/dashboard_assets next to them and point every
-CDN link at them.
+The dashboard is generated output, never committed: `publish` builds it from the result files of one or more results
+folders (the committed results/<machine>/*.json by default) into llm_inference_harness.bench.results.html()
+(results/local/html in a checkout) or any folder.  Its first page, index.html, is ours (`overview`): every benchmark
+with a history, the longest first, one graph per machine (a series never mixes machines) with each point's spread, the
+goal where the benchmark has one (llm_inference_harness.bench.asvrun.GOALS), the steps `compare` confirmed
+(results/steps.json) marked with their commit, at most MAX_SERIES series per panel.  asv's own pages (every benchmark,
+every parameter, its regressions view) are published beside it as asv.html.  asv's pages pull jQuery, flot, bootstrap...
+from CDNs: we copy the vendored files of harness/bench/dashboard_assets next to them and point every CDN link at them.
 """
 
 from __future__ import annotations
@@ -82,8 +81,8 @@ def publish(html_dir: Path | None = None, results: list[Path] | None = None) -> 
 
 
 def read_inputs(results: list[Path]) -> None:
-    """Every file `publish` hands to asv, validated first (llm_inference_harness.engine.inputs): a bad one is named in one line,
-    not a traceback from inside asv."""
+    """Every file `publish` hands to asv, validated first (llm_inference_harness.engine.inputs): a bad one is named in
+    one line, not a traceback from inside asv."""
     for folder in results:
         if not folder.is_dir():
             raise inputs.UsageError(f"{folder}: no such results folder")

@@ -1,4 +1,4 @@
-"""How `llm_inference_harness.bench.compare`'s design was chosen: its verdicts on synthetic comparisons, ``python -m llm_inference_harness.bench.design``.
+"""How `compare`'s design was chosen: verdicts on synthetic comparisons (python -m llm_inference_harness.bench.design).
 
 Each synthetic comparison has PAIRS worker pairs of ROUNDS / PAIRS rounds.  A round's log ratio HEAD / BASE is
 the true change, plus its pair's offset (normal, ``pair_sd``: a process's memory layout moves all its rounds
@@ -73,7 +73,8 @@ def resampled(tally: dict, n: int, seed: int = 0) -> dict[str, tuple[float, int,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.design", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.design",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--comparisons", type=int, default=2000, help="synthetic comparisons per cell")
     parser.add_argument("--from", dest="tally", type=Path, metavar="TALLY", help="resample this power tally's pairs")
     args = parser.parse_args()

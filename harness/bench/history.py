@@ -1,7 +1,7 @@
 """History you can read: the headline benchmarks over main's history, as asv result files, one series per machine.
 
-``backfill`` measures the quick pass's headline cases (llm_inference_harness.bench.asvrun.QUICK) at commits spread over a
-branch's first-parent history, each commit in its own worktree and environment with one worker process
+``backfill`` measures the quick pass's headline cases (llm_inference_harness.bench.asvrun.QUICK) at commits spread over
+a branch's first-parent history, each commit in its own worktree and environment with one worker process
 (llm_inference_harness.bench.compare's machinery), and writes results/<machine>/<commit>-<env>.json in asv's format, so
 ``asv publish`` draws lines across commits.  Each case is set up by its parameter *values*: asv would pass a
 parameter index, which at an older commit -- whose registry listed other implementations -- names another
@@ -12,7 +12,7 @@ registered) is recorded as not run there.
 (the same fields on every machine: provenance.asv_machine), and the interpreter's version where asv's
 ``--python=same`` recorded its path, so results of one machine and interpreter form one series.
 
-    nice -n 19 python -m llm_inference_harness.bench.history backfill --commits 48     # see docs/benchmarks.md for its duration
+    nice -n 19 python -m llm_inference_harness.bench.history backfill --commits 48  # docs/benchmarks.md: how long
     python -m llm_inference_harness.bench.history normalize results/
 """
 
@@ -279,7 +279,8 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.history", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.history",
+                                     description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     b = sub.add_parser("backfill", help="measure the headline cases at commits spread over a branch")
     b.add_argument("--commits", type=int, default=48, help="how many commits (default 48; all: a large number)")

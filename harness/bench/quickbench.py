@@ -1,9 +1,9 @@
 """The main job's quick benchmark pass, the full sweep, and the regression gate.
 
-The quick pass (asvrun.QUICK: the headline ratios, about 2 minutes on 2 shared cores) and the full sweep
-(every benchmark, asv --quick: docs/benchmarks.md has its duration) measure the installed code through asv
-into this machine's ignored results folder (llm_inference_harness.bench.results.local(): results/local/asv/<machine>/), then
-publish the dashboard of those and the committed results into results/local/html (llm_inference_harness.bench.results.html()).
+The quick pass (asvrun.QUICK: the headline ratios, about 2 minutes on 2 shared cores) and the full sweep (every
+benchmark, asv --quick: docs/benchmarks.md has its duration) measure the installed code through asv into this machine's
+ignored results folder (llm_inference_harness.bench.results.local(): results/local/asv/<machine>/), then publish the
+dashboard of those and the committed results into results/local/html (llm_inference_harness.bench.results.html()).
 After a run, `history.normalize` gives the new result files the environment identity the committed ones have (the
 interpreter's version, not its path), so one machine's results form one series.
 
@@ -62,8 +62,8 @@ def _has_module(name: str) -> bool:
 
 
 def gate(base: str, head: str = "HEAD", bench: str | None = None) -> int:
-    """The regression gate: HEAD against BASE by `llm_inference_harness.bench.compare` (interleaved A/B rounds in one session,
-    a confidence interval per benchmark); exit 1 when a benchmark is slower (worse), 0 otherwise."""
+    """The regression gate: HEAD against BASE by `llm_inference_harness.bench.compare` (interleaved A/B rounds in one
+    session, a confidence interval per benchmark); exit 1 when a benchmark is slower (worse), 0 otherwise."""
     from llm_inference_harness.bench import compare
 
     compare.check_commit(base)

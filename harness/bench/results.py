@@ -1,7 +1,7 @@
 """Where benchmark results live, and what a result file holds: every reader and writer goes through here.
 
-Committed, written on purpose only (the history backfill, `python -m llm_inference_harness.bench.history steps`, or a run's files
-copied there)::
+Committed, written on purpose only (the history backfill, `python -m llm_inference_harness.bench.history steps`, or a
+run's files copied there)::
 
     results/<machine>/machine.json              the machine (provenance.asv_machine())
     results/<machine>/<commit>-<env>.json       asv's result files (format 2: one entry of COLUMNS per benchmark)
@@ -42,7 +42,8 @@ def local() -> Path:
 
 
 def html() -> Path:
-    """The dashboard's folder: the one place `python -m llm_inference_harness.bench.dashboard` and `harness run` publish to."""
+    """The dashboard's folder: the one place `python -m llm_inference_harness.bench.dashboard` and `harness run` publish
+    to."""
     return provenance.output_root() / "html"
 
 

@@ -1,13 +1,13 @@
 """Steps in the committed history, checked by the A/B comparison: ``python -m llm_inference_harness.bench.steps``.
 
-A history line moves for two reasons: the code changed, or the machine did (its load, a noisy benchmark).
-`candidates` finds where a line moves: at each commit of a series (one benchmark, machine, environment and
-parameter combination at the benchmark's current version, commits in date order), the WINDOW values before and
-the WINDOW after differ by at least MIN_STEP in their medians and a Mann-Whitney test separates them (p <
-ALPHA); of neighbouring candidates the largest is kept.  `check` then runs `llm_inference_harness.bench.compare` on the two commits
-around each candidate, both measured in one session on this machine, and records its verdict in
-results/steps.json; the dashboard marks the steps the comparison called significant with their commit.  A
-candidate the comparison calls ``same`` or ``noisy`` was the history's noise, not a change.
+A history line moves for two reasons: the code changed, or the machine did (its load, a noisy benchmark).  `candidates`
+finds where a line moves: at each commit of a series (one benchmark, machine, environment and parameter combination at
+the benchmark's current version, commits in date order), the WINDOW values before and the WINDOW after differ by at
+least MIN_STEP in their medians and a Mann-Whitney test separates them (p < ALPHA); of neighbouring candidates the
+largest is kept.  `check` then runs `llm_inference_harness.bench.compare` on the two commits around each candidate, both
+measured in one session on this machine, and records its verdict in results/steps.json; the dashboard marks the steps
+the comparison called significant with their commit.  A candidate the comparison calls ``same`` or ``noisy`` was the
+history's noise, not a change.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def _key(step: dict) -> tuple:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.steps", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llm_inference_harness.bench.steps",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="only list the candidates, compare nothing")
     parser.add_argument("--limit", type=int, help="compare at most this many candidates not checked before")
     parser.add_argument("--pairs", type=int, default=compare.PAIRS, help="worker pairs per comparison")

@@ -22,7 +22,8 @@ class Technique:
     name: str
     signature: str  # the contract, as a Python signature
     summary: str  # one line
-    properties: tuple[str, ...]  # modules holding the property tests, e.g. ("llm_inference_harness.properties.test_attention",)
+    # modules holding the property tests, e.g. ("llm_inference_harness.properties.test_attention",)
+    properties: tuple[str, ...]
     reference: str  # name of the registered float64 oracle ("" when the oracle is not an impl)
     caps: type[Caps] = Caps  # the capabilities its implementations may declare
 

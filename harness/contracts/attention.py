@@ -81,7 +81,9 @@ ATTENTION = define(
         name="attention",
         signature="attention(q, k, v, *, causal: bool = False, scale: float | None = None) -> Tensor",
         summary="exact softmax(q k^T * scale) v with GQA and bottom-right causal alignment",
-        properties=("llm_inference_harness.properties.test_attention", "llm_inference_harness.properties.test_triton_attention", "llm_inference_harness.properties.test_attention_batch"),
+        properties=("llm_inference_harness.properties.test_attention",
+                    "llm_inference_harness.properties.test_triton_attention",
+                    "llm_inference_harness.properties.test_attention_batch"),
         reference="reference",
         caps=AttentionCaps,
     )
@@ -144,7 +146,8 @@ def check_scores_budget(technique: str, q: torch.Tensor, Nk: int, copies: int = 
     if need > MEMORY_BUDGET:
         raise ValueError(f"{technique}: {copies} x the (B, H, Nq, Nk) = ({B}, {H}, {Nq}, {Nk}) score matrix needs "
                          f"{need / 2**30:.1f} GiB at once, past the memory budget of {MEMORY_BUDGET / 2**30:g} GiB "
-                         "(llm_inference_harness.contracts.attention.MEMORY_BUDGET); a tiled implementation needs no such matrix")
+                         "(llm_inference_harness.contracts.attention.MEMORY_BUDGET); a tiled implementation needs no "
+                         "such matrix")
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -96,7 +96,9 @@ KVCACHE = define(
                   "(B, V) and .step(tokens: LongTensor (B,)) -> (B, V); or, speaking the model protocol, "
                   "kvcache(dtype, seed) -> CausalLM: lm(tokens, mask, positions, cache) -> (logits, cache)",
         summary="incremental decoding: prefill ragged prompts, then one token per step, equal to the full forward",
-        properties=("llm_inference_harness.properties.test_kvcache", "llm_inference_harness.properties.test_kvcache_models", "llm_inference_harness.properties.test_kvcache_batch"),
+        properties=("llm_inference_harness.properties.test_kvcache",
+                    "llm_inference_harness.properties.test_kvcache_models",
+                    "llm_inference_harness.properties.test_kvcache_batch"),
         caps=KVCacheCaps,
         reference="recompute",
     )

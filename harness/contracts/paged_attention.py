@@ -62,7 +62,8 @@ PAGED_ATTENTION = define(
         signature="paged_attention(q, k_cache, v_cache, block_tables, seq_lens, *, causal: bool = False, "
                   "scale: float | None = None) -> Tensor",
         summary="exact attention over K/V gathered through per-sequence block tables (vLLM PagedAttention)",
-        properties=("llm_inference_harness.properties.test_paged_attention", "llm_inference_harness.properties.test_paged_attention_compiled",
+        properties=("llm_inference_harness.properties.test_paged_attention",
+                    "llm_inference_harness.properties.test_paged_attention_compiled",
                     "llm_inference_harness.properties.test_paged_attention_batch"),
         reference="",
         caps=PagedAttentionCaps,

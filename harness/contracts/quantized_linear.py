@@ -63,7 +63,8 @@ QUANTIZED_LINEAR = define(
         name="quantized_linear",
         signature="quantized_linear(x, w, *, bits: int = 8, calib: Tensor | None = None) -> Tensor",
         summary="x @ w.T with quantized weights (and activations): weight-only, W8A8, LLM.int8(), SmoothQuant",
-        properties=("llm_inference_harness.properties.test_quantized_linear", "llm_inference_harness.properties.test_quantized_linear_batch"),
+        properties=("llm_inference_harness.properties.test_quantized_linear",
+                    "llm_inference_harness.properties.test_quantized_linear_batch"),
         reference="",
         caps=QuantizedLinearCaps,
     )

@@ -3,8 +3,8 @@
     process(logits, params) -> probs (B, V)          an implementation declaring caps returns="probs"
     sample(logits, params, *, rng) -> tokens (B,)    the default, returns="tokens"
 
-Imports a plugin needs: ``from llm_inference_harness import declare``; ``from llm_inference_harness.contracts.sampling import
-SamplingParams, check_inputs, draw``.  docs/examples/sampling.py is a complete sampler written from this text.
+Imports a plugin needs: ``from llm_inference_harness import declare``; ``from llm_inference_harness.contracts.sampling
+import SamplingParams, check_inputs, draw``.  docs/examples/sampling.py is a complete sampler written from this text.
 
 * logits: a float tensor (B, V), float32 or float64 as declared; -inf marks a token that may never be drawn
   (a grammar's mask), NaN and +inf are invalid, and every row has at least one finite logit.
@@ -32,15 +32,15 @@ SamplingParams, check_inputs, draw``.  docs/examples/sampling.py is a complete s
   values rank by token id, lowest first (a stable descending sort): exactly k tokens, a prefix of that order.
 * Always kept: the first token of the ranking (min_tokens_to_keep = 1: top_k >= 1, top_p > 0, min_p <= 1 keep
   it), never a token with logit -inf (probability 0), whatever top_k says.
-* Rounding at a threshold: a token whose keep-or-drop comparison is equal within the rounding of the
-  implementation's dtype may go either way (`llm_inference_harness.references.sampling.threshold_slack` earns the margin).
+* Rounding at a threshold: a token whose keep-or-drop comparison is equal within the rounding of the implementation's
+  dtype may go either way (`llm_inference_harness.references.sampling.threshold_slack` earns the margin).
 * A sampler draws one token per row, rows independently, through ``rng`` (`llm_inference_harness.sampling.lm.Rng`) only:
   ``rng.categorical(probs)`` takes float64 rows summing to one within 1e-9 -- ``draw(rng, probs)`` converts and
   renormalizes a float32 row first -- and returns one token per row; ``rng.bernoulli(p)`` a coin.  So
-  `llm_inference_harness.sampling.enumeration` visits every branch and the properties compare the sampler's exact output distribution.
-  A sampler that draws from its own generator (Gumbel-max, a CUDA kernel's Philox) declares ``caps={"rng":
-  "own"}``: its ``rng`` is then an int seed for a torch.Generator of its own (never torch's global one), and the
-  statistical tier judges it.
+  `llm_inference_harness.sampling.enumeration` visits every branch and the properties compare the sampler's exact output
+  distribution.  A sampler that draws from its own generator (Gumbel-max, a CUDA kernel's Philox) declares
+  ``caps={"rng": "own"}``: its ``rng`` is then an int seed for a torch.Generator of its own (never torch's global one),
+  and the statistical tier judges it.
 * Returns: "tokens", a LongTensor (B,) of ids in [0, V) on the logits' device; "probs", a float tensor (B, V),
   each row non-negative and summing to one (its dtype's rounding), zero wherever the token is not kept.  An
   empty batch (B = 0) returns an empty (0,) or (0, V).
@@ -99,7 +99,8 @@ SAMPLING = define(
         signature="sample(logits, params, *, rng) -> tokens (B,)  |  process(logits, params) -> probs (B, V)",
         summary="logits processing (penalties, temperature, top-k, top-p, min-p) and samplers, proved by exact "
                 "enumeration",
-        properties=("llm_inference_harness.properties.test_sampling", "llm_inference_harness.properties.test_sampling_batch"),
+        properties=("llm_inference_harness.properties.test_sampling",
+                    "llm_inference_harness.properties.test_sampling_batch"),
         reference="reference",
         caps=SamplingCaps,
     )
@@ -229,8 +230,9 @@ class Enumerated:
 
 
 def enumerated(impl: Impl, logits: torch.Tensor, params: SamplingParams) -> Enumerated:
-    """A sampler's exact output distribution, every branch of its draws visited (`llm_inference_harness.sampling.enumeration`), under
-    guard: the inputs must be left alone, every run's tokens must be what the contract promises."""
+    """A sampler's exact output distribution, every branch of its draws visited
+    (`llm_inference_harness.sampling.enumeration`), under guard: the inputs must be left alone, every run's tokens must
+    be what the contract promises."""
     B, V = logits.shape
 
     def run(rng) -> tuple[int, ...]:

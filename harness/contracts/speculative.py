@@ -2,25 +2,27 @@
 
     sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation
 
-Imports a plugin needs: ``from llm_inference_harness import declare`` (capabilities), ``from llm_inference_harness.contracts.speculative
-import Generation, Round, check_inputs, validated``; the protocols below are ``llm_inference_harness.sampling.lm.LM`` and
-``llm_inference_harness.sampling.lm.Rng``, with ``llm_inference_harness.sampling.lm.TableLM(table)`` and ``llm_inference_harness.sampling.lm.TorchRng(seed)`` to try a sampler by
-hand.  docs/examples/speculative_sampler.py is a complete sampler written from this text alone.
+Imports a plugin needs: ``from llm_inference_harness import declare`` (capabilities), ``from
+llm_inference_harness.contracts.speculative import Generation, Round, check_inputs, validated``; the protocols below
+are ``llm_inference_harness.sampling.lm.LM`` and ``llm_inference_harness.sampling.lm.Rng``, with
+``llm_inference_harness.sampling.lm.TableLM(table)`` and ``llm_inference_harness.sampling.lm.TorchRng(seed)`` to try a
+sampler by hand.  docs/examples/speculative_sampler.py is a complete sampler written from this text alone.
 
-* target, draft (`llm_inference_harness.sampling.lm.LM`): ``lm.vocab_size`` is V; ``lm(prefixes, n=1)`` takes a list of prefixes,
-  each a non-empty ``list[int]`` of token ids (they may differ in length), and returns a float64 tensor
+* target, draft (`llm_inference_harness.sampling.lm.LM`): ``lm.vocab_size`` is V; ``lm(prefixes, n=1)`` takes a list of
+  prefixes, each a non-empty ``list[int]`` of token ids (they may differ in length), and returns a float64 tensor
   (B, n, V) whose row [b, i] is the next-token distribution after the first ``len(prefixes[b]) - n + 1 + i``
   tokens of prefix b: ``target([ctx + xs], len(xs) + 1)[0]`` is p_1 .. p_{k+1} for k drafts xs.  Temperature
-  is already applied (`llm_inference_harness.sampling.lm.Tempered`).  draft may be None for a sampler that needs none (plain
-  autoregressive sampling, ``caps={"draft": False}``).
+  is already applied (`llm_inference_harness.sampling.lm.Tempered`).  draft may be None for a sampler that needs none
+  (plain autoregressive sampling, ``caps={"draft": False}``).
 * prompt: a non-empty ``list[int]``, left unchanged (build ``prompt + out``, never append to it); gamma >= 1
   draft tokens per round; at most max_new_tokens tokens are generated, fewer when eos is generated (it is
   included, and nothing after it).
-* rng (`llm_inference_harness.sampling.lm.Rng`), the only source of randomness, so that `llm_inference_harness.sampling.enumeration` can visit every
-  branch: ``rng.categorical(probs)`` draws one token per row of a float64 (V,) or (B, V) tensor of
-  probabilities (a long tensor of shape probs.shape[:-1]: ``int(rng.categorical(q))``); ``rng.bernoulli(p)``
-  draws a coin of probability p, a float or a tensor (a bool tensor: ``bool(rng.bernoulli(0.3))``).  A sampler
-  that draws from torch's RNG itself declares ``caps={"rng": "own"}`` and is checked statistically instead.
+* rng (`llm_inference_harness.sampling.lm.Rng`), the only source of randomness, so that
+  `llm_inference_harness.sampling.enumeration` can visit every branch: ``rng.categorical(probs)`` draws one token per
+  row of a float64 (V,) or (B, V) tensor of probabilities (a long tensor of shape probs.shape[:-1]:
+  ``int(rng.categorical(q))``); ``rng.bernoulli(p)`` draws a coin of probability p, a float or a tensor (a bool tensor:
+  ``bool(rng.bernoulli(0.3))``).  A sampler that draws from torch's RNG itself declares ``caps={"rng": "own"}`` and is
+  checked statistically instead.
 * Rounds.  A round starts with a model call on the prompt plus the tokens emitted so far, drafts k <= gamma
   tokens and verifies them in one target call that scores the k drafts and the position before them:
   ``target([prompt + out + drafts], n=k + 1)`` (the first round's call may score more positions, as a KV
@@ -38,8 +40,8 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
 * The budget rule (efficiency, part of the contract): a round drafts at most max_new_tokens - len(out) tokens,
   the tokens it may still emit (``min(gamma, max_new_tokens - len(out) - 1)`` leaves room for the bonus).  A
   draft past the budget is never emitted, costs a draft call and multiplies the branches to enumerate by V:
-  the enumerating properties stop at the first such round, failing with `llm_inference_harness.sampling.enumeration.DraftsPastBudget`,
-  which names this rule, within seconds.
+  the enumerating properties stop at the first such round, failing with
+  `llm_inference_harness.sampling.enumeration.DraftsPastBudget`, which names this rule, within seconds.
 * The bonus rule (efficiency, part of the contract): a round that accepts all its k drafts also emits a
   bonus token from the target's next row p_{k+1}, k + 1 tokens for one target call, so that tokens per call
   is the formula (1 - a^(k+1)) / (1 - a) of Leviathan et al. 2023, section 3.1.  A sampler that never takes
@@ -47,15 +49,15 @@ hand.  docs/examples/speculative_sampler.py is a complete sampler written from t
   judged on efficiency: tokens_per_call_matches_formula and draft_equal_to_target_accepts_everything fail
   naming "the contract's bonus rule", and so does round_records_add_up once a drawn case has a round before
   the last that accepts all its drafts.  (A round may stop at max_new_tokens or at eos without a bonus.)
-* Processed distributions.  A serving engine samples from the target's distribution after temperature, top-k,
-  top-p and min-p (harness/contracts/sampling.py), and its draft proposes from its own processed distribution.  A
-  sampler given processed models is just given other models (`llm_inference_harness.references.sampling.ProcessedLM`): the
-  output must follow the processed target.  A sampler that processes the rows itself declares ``caps={"processes":
-  True}`` and is called with the raw models and ``target_params=``, ``draft_params=`` (both absent elsewhere: the
-  models are then sampled as given) -- a one-row
-  `llm_inference_harness.contracts.sampling.SamplingParams` each, penalties off -- applied in transformers' order, tokens tied
-  at a boundary lowest id first (ties "index"); its output must follow the target processed with target_params,
-  whatever draft_params are.  ``check_processing(params, "target_params", V)`` checks one.
+* Processed distributions.  A serving engine samples from the target's distribution after temperature, top-k, top-p and
+  min-p (harness/contracts/sampling.py), and its draft proposes from its own processed distribution.  A sampler given
+  processed models is just given other models (`llm_inference_harness.references.sampling.ProcessedLM`): the output must
+  follow the processed target.  A sampler that processes the rows itself declares ``caps={"processes": True}`` and is
+  called with the raw models and ``target_params=``, ``draft_params=`` (both absent elsewhere: the models are then
+  sampled as given) -- a one-row `llm_inference_harness.contracts.sampling.SamplingParams` each, penalties off --
+  applied in transformers' order, tokens tied at a boundary lowest id first (ties "index"); its output must follow the
+  target processed with target_params, whatever draft_params are.  ``check_processing(params, "target_params", V)``
+  checks one.
 * Returns a `Generation(tokens, rounds)`: ``tokens`` the generated ``list[int]`` (the prompt not included),
   ``rounds`` one `Round(drafted, accepted, target_calls)` per round: ``drafted`` the draft tokens proposed
   (the depth of the tree for a multi-draft sampler), ``accepted`` how many of them the target accepted (not
@@ -110,7 +112,8 @@ SPECULATIVE = define(
         name="speculative",
         signature="sampler(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None) -> Generation",
         summary="sampling with a draft model whose output distribution is exactly the target's",
-        properties=("llm_inference_harness.properties.test_speculative", "llm_inference_harness.properties.test_speculative_batch",
+        properties=("llm_inference_harness.properties.test_speculative",
+                    "llm_inference_harness.properties.test_speculative_batch",
                     "llm_inference_harness.properties.test_speculative_processed"),
         reference="autoregressive",
         caps=SpeculativeCaps,

@@ -10,10 +10,10 @@ memory, files or processes; `plugin_uid`).  Then it loads the implementation and
     ("q", id, released handles, "paths", ...)   a batch of enumeration runs (harness/sampling/enumeration.py)
     ("q", 0, [], "exit")
 
-A call runs under `llm_inference_harness.engine.guard.guarded_call` here too (its alarm, the global-state comparison, lists left
-unchanged); input tensors are views of the judge's arena, so the judge sees a mutation for itself.  What this
-process reports is never trusted by the judge beyond being a well-formed message: it is the implementation's
-answer, and the implementation could have written it.
+A call runs under `llm_inference_harness.engine.guard.guarded_call` here too (its alarm, the global-state comparison,
+lists left unchanged); input tensors are views of the judge's arena, so the judge sees a mutation for itself.  What this
+process reports is never trusted by the judge beyond being a well-formed message: it is the implementation's answer, and
+the implementation could have written it.
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ class Server:
         except BaseException as exc:  # noqa: BLE001 - a plugin that fails to load is a verdict, not a crash
             text = "".join(traceback.format_exception_only(exc)).strip()
             where = _where(exc, load.get("plugin"))
-            failure = getattr(exc, "failure", None)  # llm_inference_harness.engine.plugins.PluginLoadError: whose fault, where
+            failure = getattr(exc, "failure", None)  # a plugins.PluginLoadError's: whose fault, where
             self.send(("load_failed", f"{where}{text}"[-4000:], dataclasses.asdict(failure) if failure else None))
             return False
         info = _info(impl)

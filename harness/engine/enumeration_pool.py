@@ -36,8 +36,8 @@ class _EnumerationWorker:
 
 
 class RayPool:
-    """``n`` Ray actors (one CPU each) in place of `llm_inference_harness.sampling.enumeration._Workers`' forked processes, started on
-    first use; the session is Ray's current one (``ray.init`` first), or a new local instance."""
+    """``n`` Ray actors (one CPU each) in place of `llm_inference_harness.sampling.enumeration._Workers`' forked
+    processes, started on first use; the session is Ray's current one (``ray.init`` first), or a new local instance."""
 
     def __init__(self, n: int, recipe: Callable) -> None:
         self.n, self.recipe, self.actors = n, recipe, None

@@ -1,20 +1,21 @@
 """Where units run: this machine's forked children (``local``, the default: no server), or a Ray cluster (``ray``).
 
-Either way a unit is judged by `llm_inference_harness.engine.runner.check` / `llm_inference_harness.engine.runner.kill_mutants` for its one target, in a
-checking process of its own (harness/engine/isolation.py) on whichever machine runs it: the executor decides only
-where, never how.  Both return a result per unit (`llm_inference_harness.engine.units.Unit.key`).
+Either way a unit is judged by `llm_inference_harness.engine.runner.check` /
+`llm_inference_harness.engine.runner.kill_mutants` for its one target, in a checking process of its own
+(harness/engine/isolation.py) on whichever machine runs it: the executor decides only where, never how.  Both return a
+result per unit (`llm_inference_harness.engine.units.Unit.key`).
 
 ``local`` groups a shard's units by implementation and hands each group to the runner at once, ``jobs``
 implementations at a time, as an unsharded run does.
 
-``ray`` submits a task per unit (`ray_unit`), spread over the cluster's nodes, one CPU each, the longest
-expected first (recorded durations, `llm_inference_harness.engine.units.Durations`: the run's tail is then short units).  A unit whose
-implementation declares devices without the CPU asks for them as Ray resources (``cuda``: a GPU; another
-device: a custom resource of its name), so it runs only on a node that declares them; where no node does, it
-runs anywhere and gets the verdict a machine without that device gives (its properties skip, saying so).  Ray
-retries a unit whose worker or node died (``max_retries``): a node lost mid-run costs its units a rerun
-elsewhere, each unit's result is taken once.  A unit whose worker died on every try gets ``crashed:`` verdicts,
-as a checking process that dies locally does.  Results stream back unit by unit through the progress callbacks.
+``ray`` submits a task per unit (`ray_unit`), spread over the cluster's nodes, one CPU each, the longest expected first
+(recorded durations, `llm_inference_harness.engine.units.Durations`: the run's tail is then short units).  A unit whose
+implementation declares devices without the CPU asks for them as Ray resources (``cuda``: a GPU; another device: a
+custom resource of its name), so it runs only on a node that declares them; where no node does, it runs anywhere and
+gets the verdict a machine without that device gives (its properties skip, saying so).  Ray retries a unit whose worker
+or node died (``max_retries``): a node lost mid-run costs its units a rerun elsewhere, each unit's result is taken once.
+A unit whose worker died on every try gets ``crashed:`` verdicts, as a checking process that dies locally does.  Results
+stream back unit by unit through the progress callbacks.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Each job runs in a forked child that becomes its own session (so the terminal's 
 harness, and grandchildren share the child's process group), with its stdout and stderr captured to a
 file and its address space capped.  The parent watches every child from one loop:
 
-* a guarded call (llm_inference_harness.engine.guard) publishes its deadline in shared memory; past it plus `GRACE_S` -- the
-  call caught the alarm, reset the timer or never returned to Python -- the whole process group gets
+* a guarded call (llm_inference_harness.engine.guard) publishes its deadline in shared memory; past it plus `GRACE_S`
+  -- the call caught the alarm, reset the timer or never returned to Python -- the whole process group gets
   SIGTERM, then SIGKILL;
 * a child past its job's total limit, or dead, is reported as such; its grandchildren die with it;
 * Ctrl-C in the parent ends every child and re-raises KeyboardInterrupt.

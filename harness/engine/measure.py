@@ -1,4 +1,4 @@
-"""What docs/scale.md quotes, measured on this machine: ``python -m llm_inference_harness.engine.measure overhead|enumeration``.
+"""What docs/scale.md quotes, measured here: ``python -m llm_inference_harness.engine.measure overhead|enumeration``.
 
 ``overhead``: the cost of a unit beyond its property's own time.  The same units (every CPU implementation of
 attention x quick properties) run one at a time on a one-CPU Ray cluster, then on this machine's local executor;
@@ -146,7 +146,8 @@ def plan_estimate(paths: list[str], implementations: int, hosts: int, cores: int
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m llm_inference_harness.engine.measure", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m llm_inference_harness.engine.measure",
+                                description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
     o = sub.add_parser("overhead")
     o.add_argument("--repeats", type=int, default=2)

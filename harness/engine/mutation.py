@@ -1,5 +1,6 @@
 """Machine-made mutants: cosmic-ray's mutation operators over impls/ and the README's example plugins, each mutant
-judged by its technique's `check` (llm_inference_harness.engine.runner) in the profile asked for, in its own process like any plugin.
+judged by its technique's `check` (llm_inference_harness.engine.runner) in the profile asked for, in its own process
+like any plugin.
 
 Why cosmic-ray (8.x) and not mutmut (3.x): cosmic-ray's operators are a library -- `mutate_code(source, operator,
 occurrence)` on a parso tree -- so a mutant is a text we write to a file of our own and check as a plugin: the tree
@@ -177,7 +178,8 @@ def unit_of(mutation: Mutation, source: str, *, profile: str, limit_s: float,
 
 def run_here(units: Sequence[CheckUnit], *, jobs: int = 1) -> Iterator[UnitResult]:
     """The local executor: the units of one technique and limit at a time, ``jobs`` checking children at once, each
-    unit's mutated text written to a temporary folder and checked as a plugin (`llm_inference_harness.engine.runner.check`)."""
+    unit's mutated text written to a temporary folder and checked as a plugin
+    (`llm_inference_harness.engine.runner.check`)."""
     groups: dict[tuple, list[CheckUnit]] = {}
     for u in units:
         groups.setdefault((u.technique, u.profile, u.limit_s, u.properties), []).append(u)

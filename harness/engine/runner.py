@@ -251,7 +251,7 @@ class ImplResult:
     info: dict = field(default_factory=dict)  # name, mutant, exact, killed_by, bug, caps, ...
     verdicts: list[Verdict] = field(default_factory=list)
     stopped: str = ""  # why its child stopped early, if it did
-    load_error: dict = field(default_factory=dict)  # a plugin that could not be loaded: llm_inference_harness.engine.plugins.LoadFailure
+    load_error: dict = field(default_factory=dict)  # a plugin that could not be loaded: plugins.LoadFailure
     started: dict[str, float] = field(default_factory=dict)  # property -> monotonic time its child started it
 
     @property

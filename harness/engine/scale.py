@@ -1,8 +1,8 @@
 """The command line's way into the engine: the flags of ``check``, ``mutants`` and ``run`` that shard a run, pick
 its executor and share its example database (docs/scale.md), and the calls that plan and run a document's units.
 
-Without any of them a run is what it always was: `llm_inference_harness.engine.runner.check` / `kill_mutants` on this machine's
-forked children, no server.
+Without any of them a run is what it always was: `llm_inference_harness.engine.runner.check` / `kill_mutants` on this
+machine's forked children, no server.
 """
 
 from __future__ import annotations

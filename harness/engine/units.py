@@ -1,9 +1,10 @@
 """Units of work, and how a run is cut into shards balanced by recorded durations.
 
-A unit is the smallest piece of a run that is judged on its own: one property of a technique against one
-implementation (``check``), or one mutant to kill (``mutants``: its declared killers first, as
-`llm_inference_harness.engine.runner.kill_mutants` does).  Units are listed in the order the unsharded run reports them (technique,
-then implementation, then property), so concatenating the shards in order gives the unsharded document's order.
+A unit is the smallest piece of a run that is judged on its own: one property of a technique against one implementation
+(``check``), or one mutant to kill (``mutants``: its declared killers first, as
+`llm_inference_harness.engine.runner.kill_mutants` does).  Units are listed in the order the unsharded run reports them
+(technique, then implementation, then property), so concatenating the shards in order gives the unsharded document's
+order.
 
 `plan` cuts that list into ``n`` contiguous runs of about equal expected duration: each shard gets whole
 implementations apart from at most one at each end, so it starts few checking processes, and its share
@@ -54,8 +55,8 @@ class Unit:
 
 @dataclass(frozen=True)
 class Job:
-    """What every unit of a run is asked: the profile, and the options of `llm_inference_harness.engine.runner.check` and
-    `llm_inference_harness.engine.runner.kill_mutants`."""
+    """What every unit of a run is asked: the profile, and the options of `llm_inference_harness.engine.runner.check`
+    and `llm_inference_harness.engine.runner.kill_mutants`."""
 
     profile: str
     shrink: bool = True

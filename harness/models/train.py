@@ -1,4 +1,5 @@
-"""Train the zoo's models on the farm world, deterministically: ``python -m llm_inference_harness.models.train [--model NAME|all]``.
+"""Train the zoo's models on the farm world, deterministically: ``python -m llm_inference_harness.models.train [--model
+NAME|all]``.
 
 Each step draws a fresh batch of documents from the seeded generator (an endless stream, so
 nothing is memorized), pads it, and takes one AdamW step on next-token cross-entropy with a

@@ -41,7 +41,8 @@ def metadata(name: str) -> dict:
         raise ValueError(f"zoo: name must be one of {MODELS}, got {name!r}")
     path = WEIGHTS / f"{name}.json"
     if not path.exists():
-        raise FileNotFoundError(f"zoo: {path} is missing; run `python -m llm_inference_harness.models.train --model {name}`")
+        raise FileNotFoundError(f"zoo: {path} is missing; run "
+                                f"`python -m llm_inference_harness.models.train --model {name}`")
     return json.loads(path.read_text())
 
 

@@ -128,8 +128,8 @@ def threshold_slack(logits: torch.Tensor, params: SamplingParams, dtype: torch.d
 
 
 class ProcessedLM:
-    """An LM (llm_inference_harness.sampling.lm) whose every row is the reference's processing of log p with one row of parameters: the
-    distribution a speculative sampler's output must follow when the request samples with them."""
+    """An LM (llm_inference_harness.sampling.lm) whose every row is the reference's processing of log p with one row of
+    parameters: the distribution a speculative sampler's output must follow when the request samples with them."""
 
     def __init__(self, lm, params: SamplingParams, order: str = "transformers", ties: str = "index") -> None:
         self.lm, self.params, self.order, self.ties = lm, params, order, ties

@@ -1,4 +1,5 @@
-"""Exact output distributions of samplers written against `llm_inference_harness.sampling.lm.Rng`, by visiting every branch.
+"""Exact output distributions of samplers written against `llm_inference_harness.sampling.lm.Rng`, by visiting every
+branch.
 
 A sampler is re-run once per branch with a `ReplayRng` that follows a recorded prefix of choices and,
 past it, takes the first outcome of non-zero probability of each new choice and records the choice.
@@ -178,15 +179,14 @@ def exact_distribution(
 ) -> Enumeration:
     """The exact distribution of the first T tokens ``sampler`` generates (a budget of T tokens).
 
-    Runs sequentially for ``parallel_after_runs`` runs, then forks ``workers`` processes (default: the CPUs
-    available; 1 never forks) that take the pending branches of the current round state, then whole round
-    states, one level of rounds at a time; this process composes the rounds.  The result is the same
-    distribution, summed in another order; a sampler's exception is raised here with the worker's
-    traceback as its cause.  Past ``deadline_s`` seconds it raises `EnumerationTooSlow`; at the first round
-    that drafts past its budget, `DraftsPastBudget` (``budget_rule=False`` enumerates such a sampler anyway).
-    ``pool(workers, recipe)`` replaces the forked processes with another pool of the same interface (`_Workers`):
-    `llm_inference_harness.engine.enumeration_pool.RayPool` sends the split to a Ray cluster, where ``recipe()`` builds the
-    enumerator whose `_Enumerator.task` a worker runs.
+    Runs sequentially for ``parallel_after_runs`` runs, then forks ``workers`` processes (default: the CPUs available; 1
+    never forks) that take the pending branches of the current round state, then whole round states, one level of rounds
+    at a time; this process composes the rounds.  The result is the same distribution, summed in another order; a
+    sampler's exception is raised here with the worker's traceback as its cause.  Past ``deadline_s`` seconds it raises
+    `EnumerationTooSlow`; at the first round that drafts past its budget, `DraftsPastBudget` (``budget_rule=False``
+    enumerates such a sampler anyway).  ``pool(workers, recipe)`` replaces the forked processes with another pool of the
+    same interface (`_Workers`): `llm_inference_harness.engine.enumeration_pool.RayPool` sends the split to a Ray
+    cluster, where ``recipe()`` builds the enumerator whose `_Enumerator.task` a worker runs.
     """
     workers = default_workers() if workers is None else workers
     if not isinstance(workers, int) or workers < 1:

@@ -9,8 +9,8 @@
     rng.categorical(probs (..., V)) -> LongTensor (...)     one draw per row
     rng.bernoulli(probs (...)) -> BoolTensor (...)           True with the given probability (or a float: 0-dim)
 
-A sampler draws randomness only through its `Rng`, so `llm_inference_harness.sampling.enumeration` can replace it by one that
-visits every branch with its exact probability.  `TorchRng` is the real back end (a seeded
+A sampler draws randomness only through its `Rng`, so `llm_inference_harness.sampling.enumeration` can replace it by
+one that visits every branch with its exact probability.  `TorchRng` is the real back end (a seeded
 torch.Generator on cpu or cuda).  Wrappers: `Counted` counts calls, `Tempered` applies a temperature
 before the sampler sees p and q, `PerPrefix` pins each prefix's distribution, `TableLM` is an exact
 context table (Hypothesis draws these), `GPTLM` adapts a `llm_inference_harness.models.gpt.GPT` and offers a KV-cached
@@ -169,8 +169,8 @@ class PerPrefix:
     A float32 model's rounding depends on the length of the sequence it runs over (~1e-8), so the p a
     target call over gamma + 1 positions returns differs in the last bits from what single-position calls
     return.  Comparing a sampler with the autoregressive reference to 1e-12 needs both to see one p.  Rows
-    are shared with processes forked later (`llm_inference_harness.sampling.enumeration`'s workers), not with the forking one:
-    compute the reference first.
+    are shared with processes forked later (`llm_inference_harness.sampling.enumeration`'s workers), not with the
+    forking one: compute the reference first.
     """
 
     def __init__(self, lm: LM) -> None:
@@ -187,7 +187,8 @@ class PerPrefix:
 
 
 class GPTLM:
-    """A `llm_inference_harness.models.gpt.GPT` as an LM: float64 softmax of its logits; `session()` keeps a KV cache."""
+    """A `llm_inference_harness.models.gpt.GPT` as an LM: float64 softmax of its logits; `session()` keeps a KV
+    cache."""
 
     def __init__(self, model) -> None:
         self.model, self.vocab_size = model, model.cfg.vocab_size

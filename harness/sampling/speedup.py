@@ -39,7 +39,8 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) not in (3, 4):
-        sys.exit("usage: python -m llm_inference_harness.sampling.speedup ALPHA C [VERIFY]  (acceptance rate in [0, 1], draft cost > 0)")
+        sys.exit("usage: python -m llm_inference_harness.sampling.speedup ALPHA C [VERIFY]  "
+                 "(acceptance rate in [0, 1], draft cost > 0)")
     a, c = float(sys.argv[1]), float(sys.argv[2])
     verify = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0  # a verify call's cost in one-token steps
     if not 0 <= a <= 1:

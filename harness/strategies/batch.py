@@ -2,8 +2,8 @@
 own case, the other rows it is batched with, where it sits, a permutation, query chunks, a serving schedule.
 
 Each composition is a frozen dataclass built from the technique's case (harness/strategies/<technique>.py),
-so the properties draw them and the measurement (`llm_inference_harness.engine.batch_invariance.measure`) builds a fixed list of
-them from seeds, and both compute the same comparisons.
+so the properties draw them and the measurement (`llm_inference_harness.engine.batch_invariance.measure`) builds a
+fixed list of them from seeds, and both compute the same comparisons.
 """
 
 from __future__ import annotations

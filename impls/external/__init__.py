@@ -3,7 +3,8 @@
 The entry point ``external`` (pyproject.toml, group harness.impls): importing the package registers every
 adapter below, each with an ``unavailable`` reason where its library is not installed (the ``external``
 extra installs the CPU ones; flash-attn, FlashInfer, xFormers and vLLM need CUDA builds).  A real bug of a
-library, found by a property, is recorded next to its adapter with `llm_inference_harness.engine.registry.known_failure`.
+library, found by a property, is recorded next to its adapter with
+`llm_inference_harness.engine.registry.known_failure`.
 """
 
 from llm_inference_harness.impls.external import (  # noqa: F401 - imported to register

@@ -6,7 +6,8 @@ impls/external/hf_models.py, each with the cache classes transformers offers for
 past the window on a sliding layer), DynamicCache without a config (keeping everything), StaticCache (a rolling
 buffer on a sliding layer) and, on the full-attention Llama, the fp8 QuantizedCache (approximate).  Invariant:
 the harness's float64 full forward of each sequence alone is what every cached call returns, up to the rounding of
-the model's dtype (or of fp8).  Weights are seeded and built offline (llm_inference_harness.impls.external.hf_models.build).
+the model's dtype (or of fp8).  Weights are seeded and built offline
+(llm_inference_harness.impls.external.hf_models.build).
 """
 
 import functools

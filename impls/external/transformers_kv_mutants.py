@@ -1,7 +1,8 @@
-"""Known-wrong transformers caches: the model-protocol adapter (llm_inference_harness.impls.external.hf_models.TransformersLM) with one real
-cache bug each, modelled on bugs reported against transformers, vLLM and llama.cpp.  Each alters cached calls only
-(the full forward, the oracle's plain computation, stays right), and the properties of
-properties/test_kvcache_models.py must kill every one for the reason named in ``killed_by``.
+"""Known-wrong transformers caches: the model-protocol adapter
+(llm_inference_harness.impls.external.hf_models.TransformersLM) with one real cache bug each, modelled on bugs reported
+against transformers, vLLM and llama.cpp.  Each alters cached calls only (the full forward, the oracle's plain
+computation, stays right), and the properties of properties/test_kvcache_models.py must kill every one for the reason
+named in ``killed_by``.
 """
 
 import copy

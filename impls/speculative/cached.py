@@ -1,7 +1,7 @@
 """Speculative sampling with KV caches kept across rounds (Leviathan et al. 2023, Algorithm 1).
 
-The target and the draft each keep one session (`llm_inference_harness.sampling.lm.session`: a KV cache for real models).
-Verifying k draft tokens is one cached target step over the tokens it has not seen (the last emitted
+The target and the draft each keep one session (`llm_inference_harness.sampling.lm.session`: a KV cache for real
+models). Verifying k draft tokens is one cached target step over the tokens it has not seen (the last emitted
 token and the k drafts); rejected positions are rolled back by truncating the caches, never recomputed.
 Drafting stops at a drafted end token (k < gamma): what would follow it is never emitted.
 Invariant: the same accept/resample rule as `standard`, so the output distribution is the target's.

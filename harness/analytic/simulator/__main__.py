@@ -1,4 +1,5 @@
-"""``python -m llm_inference_harness.analytic.simulator [--impl NAME] [--no-progress]``: both scenarios, with their recorded numbers."""
+"""``python -m llm_inference_harness.analytic.simulator [--impl NAME] [--no-progress]``: both scenarios, with their
+recorded numbers."""
 
 import argparse
 

@@ -1,4 +1,4 @@
-"""``harness report``: README.md plus PNG plots of this machine's results, in llm_inference_harness.bench.results.report().
+"""``harness report``: README.md and PNG plots of this machine's results, in bench.results.report().
 
 Each section is a function registered with `@section`; it reads measurements (asv's results, the verdicts of
 `harness run`) or computes what needs no clock (the IO model, the serving simulator, quantized NLL,
@@ -86,9 +86,9 @@ def section_titles() -> list[str]:
 
 
 def read_inputs(out: Path | None = None) -> None:
-    """Read every file a report reads back -- the verdicts `harness run` saved, asv's results of every machine and
-    its benchmarks.json, the previous report in ``out`` -- validated before any section runs: a bad one is a
-    BadFile naming it and what is wrong (llm_inference_harness.engine.inputs), not a traceback halfway through the report."""
+    """Read every file a report reads back -- the verdicts `harness run` saved, asv's results of every machine and its
+    benchmarks.json, the previous report in ``out`` -- validated before any section runs: a bad one is a BadFile naming
+    it and what is wrong (llm_inference_harness.engine.inputs), not a traceback halfway through the report."""
     from llm_inference_harness.bench.report import asvdata
 
     for path in sorted((provenance.output_root() / "verdicts").glob("*.json")):

@@ -58,8 +58,9 @@ class Values(dict):
 
 @cache
 def current_versions() -> dict[str, str]:
-    """{benchmark: version} of this checkout's suite, as asv discovers it from the code (llm_inference_harness.bench.asvrun.suite);
-    {} (every version read) outside a checkout, where there is no suite to discover."""
+    """{benchmark: version} of this checkout's suite, as asv discovers it from the code
+    (llm_inference_harness.bench.asvrun.suite); {} (every version read) outside a checkout, where there is no suite to
+    discover."""
     from llm_inference_harness.bench.asvrun import suite
 
     if provenance.checkout() is None:
