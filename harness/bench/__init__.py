@@ -1,8 +1,9 @@
-"""Benchmark plumbing: what times code and what stores or reads the timings.
+"""Everything that times, stores or shows timings: the asv runs (asvrun, quickbench), A/B comparisons and their
+benchmark worker (compare, benchworker) and how the comparison's design was chosen (design), the backfilled
+history and the steps in it the comparison checks (history, steps), where benchmark results live and what a
+result file holds (results), the calibrated workload, the offline dashboard (dashboard, dashboard_assets/) and
+the report (report/).
 
-``results`` is the one definition of where benchmark results live (the committed results/<machine>/, this
-machine's ignored folder, the dashboard's and the report's folders) and of what a result file holds; ``steps``
-finds where the committed history moves and has the A/B comparison (llm_inference_harness.bench.compare) check each step.  Modules
-here may import llm_inference_harness.engine.provenance, the benchmark plumbing beside them (llm_inference_harness.bench.asvrun, llm_inference_harness.bench.compare) and
-the standard library; nothing of the checking engine.
+The top wing below the command line: it may import every other wing (where results come from is
+llm_inference_harness.engine.provenance); none of them imports it.
 """

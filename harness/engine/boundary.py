@@ -36,11 +36,11 @@ from typing import Any
 import torch
 
 from llm_inference_harness.engine import wire
-from llm_inference_harness.engine.callserver import PLUGIN_UID_BASE
-from llm_inference_harness.engine.guard import BoundaryFailure
+from llm_inference_harness.engine.guard import Crashed, Hung, Remote
 
 GRACE_S = 3.0  # past a call's own limit: the alarm inside the implementation's process gets the first chance
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+PR_SET_DUMPABLE = 4
+PLUGIN_UID_BASE = 1_000_000_000  # the implementation's uid when the harness runs as root: this + its pid
 
 # Settings of the implementation's process for the calls made inside a `remote_context` block: torch's
 # intra-op threads (a determinism property runs a call at several counts), torch's global seed (a sampler that
@@ -55,26 +55,6 @@ def remote_context(**settings: Any) -> Iterator[None]:
         yield
     finally:
         _context.reset(token)
-
-
-class Crashed(BoundaryFailure):
-    """The implementation's process died, or sent something the judge cannot read."""
-
-
-class Hung(BoundaryFailure):
-    """No reply within the call's limit: the implementation's process was killed."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, hung=True)
-
-
-def die_with_parent(parent: int) -> None:
-    """In a freshly forked child: SIGKILL when the parent dies (the OS's guarantee), and exit now if it
-    already did (the fork raced its death)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(70)
 
 
 @dataclass
@@ -498,51 +478,3 @@ class Reply:
 
     def exception(self) -> BaseException:
         return self.error
-
-
-class Remote:
-    """An object living in the implementation's process: calling it, or one of its methods, is a message."""
-
-    __slots__ = ("process", "handle", "methods", "type_name", "__weakref__")
-
-    def __init__(self, process: PluginProcess, handle: int, methods: tuple[str, ...], type_name: str) -> None:
-        self.process, self.handle, self.methods, self.type_name = process, handle, methods, type_name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from llm_inference_harness.engine.guard import call_unguarded
-
-        return call_unguarded(self, "__call__", args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name in self.methods:
-            return RemoteMethod(self, name)
-        from llm_inference_harness.engine.guard import DEFAULT_TIMEOUT_S
-
-        return self.process.getattr(self.handle, name, DEFAULT_TIMEOUT_S)
-
-    def __repr__(self) -> str:
-        return f"<{self.type_name} in the implementation's process>"
-
-    def __del__(self) -> None:
-        if self.handle:  # handle 0, the implementation itself, lives as long as its process
-            self.process.released.append(self.handle)
-
-
-class RemoteMethod:
-    """A bound method of a `Remote` object."""
-
-    __slots__ = ("owner", "name")
-
-    def __init__(self, owner: Remote, name: str) -> None:
-        self.owner, self.name = owner, name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from llm_inference_harness.engine.guard import call_unguarded
-
-        return call_unguarded(self.owner, self.name, args, kwargs)
-
-    @property
-    def __name__(self) -> str:
-        return self.name

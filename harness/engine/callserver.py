@@ -36,9 +36,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from llm_inference_harness.engine import wire
+from llm_inference_harness.engine.boundary import PLUGIN_UID_BASE
 
 HANDED, HANDED_ITEMS = 256, 4096  # the latest lists handed over, up to this long, are watched for changes
-PLUGIN_UID_BASE = 1_000_000_000  # the implementation's uid when the harness runs as root: this + its pid
 PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2
 _CAPABILITY_VERSION_3 = 0x20080522
@@ -48,7 +48,7 @@ def main(fd: int, parent: int, options: dict) -> None:
     """The implementation's process; exits, never returns."""
     code = 0
     try:
-        from llm_inference_harness.engine.boundary import die_with_parent
+        from llm_inference_harness.engine.isolation import die_with_parent
 
         die_with_parent(parent)
         os.setsid()

@@ -41,6 +41,60 @@ class BoundaryFailure(ContractViolation):
         self.hung = hung
 
 
+class Crashed(BoundaryFailure):
+    """The implementation's process died, or sent something the judge cannot read."""
+
+
+class Hung(BoundaryFailure):
+    """No reply within the call's limit: the implementation's process was killed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hung=True)
+
+
+class Remote:
+    """An object living in the implementation's process (started by harness/engine/boundary.py): calling it, or
+    one of its methods, is a message, through this guard like any call."""
+
+    __slots__ = ("process", "handle", "methods", "type_name", "__weakref__")
+
+    def __init__(self, process: Any, handle: int, methods: tuple[str, ...], type_name: str) -> None:
+        self.process, self.handle, self.methods, self.type_name = process, handle, methods, type_name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return call_unguarded(self, "__call__", args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in self.methods:
+            return RemoteMethod(self, name)
+        return self.process.getattr(self.handle, name, DEFAULT_TIMEOUT_S)
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} in the implementation's process>"
+
+    def __del__(self) -> None:
+        if self.handle:  # handle 0, the implementation itself, lives as long as its process
+            self.process.released.append(self.handle)
+
+
+class RemoteMethod:
+    """A bound method of a `Remote` object."""
+
+    __slots__ = ("owner", "name")
+
+    def __init__(self, owner: Remote, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return call_unguarded(self.owner, self.name, args, kwargs)
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+
 def names_argument(message: str, *args: str) -> bool:
     """Whether an error message names one of ``args`` as a word ("q must be 4-d"), not as a letter inside
     another word (the "v" of "invalid shapes" names nothing)."""
@@ -135,14 +189,10 @@ def _helper_call(fn: Callable[..., Any], args: tuple, kwargs: dict, key: int, ti
 
 def is_remote(obj: Any) -> bool:
     """Whether ``obj`` lives in the implementation's process (harness/engine/boundary.py)."""
-    from llm_inference_harness.engine.boundary import Remote
-
     return isinstance(obj, Remote)
 
 
 def _is_remote(fn: Any) -> bool:
-    from llm_inference_harness.engine.boundary import Remote, RemoteMethod
-
     return isinstance(fn, Remote | RemoteMethod)
 
 
@@ -151,8 +201,6 @@ def _remote_call(fn: Any, args: tuple, kwargs: dict, key: int, *, timeout_s: flo
     """A call in the implementation's process.  ``guarded``: what the call raised becomes a ContractViolation
     caused by it, as in-process; otherwise it is raised as it is (a direct call, e.g. a factory or a method of
     an untimed manager)."""
-    from llm_inference_harness.engine.boundary import Crashed, Hung, Remote
-
     owner, method = (fn, "__call__") if isinstance(fn, Remote) else (fn.owner, fn.name)
     try:
         reply = owner.process.call(owner.handle, method, args, kwargs, timeout_s=timeout_s, arg_names=arg_names,
@@ -182,8 +230,6 @@ def _remote_call(fn: Any, args: tuple, kwargs: dict, key: int, *, timeout_s: flo
 def call_unguarded(owner: Any, method: str, args: tuple, kwargs: dict) -> Any:
     """A direct call of an object in the implementation's process (no guard around it on the judge's side): the
     implementation's own per-call limit, what it raises raised here."""
-    from llm_inference_harness.engine.boundary import RemoteMethod
-
     fn = owner if method == "__call__" else RemoteMethod(owner, method)
     key = id(owner.process.impl_fn) if owner.process.impl_fn is not None else id(owner)
     if key in _hung:

@@ -16,6 +16,7 @@ from a child are pickled through a pipe: ("event", payload) tuples, and ("done",
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import resource
@@ -90,6 +91,18 @@ def output_since(offset: int) -> tuple[str, int]:
     return (_tail(_capture, start=offset) if size > offset else ""), size
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent(parent: int) -> None:
+    """In a freshly forked child: SIGKILL when the parent dies (the OS's guarantee), and exit now if it
+    already did (the fork raced its death)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(70)
+
+
 def capture_path() -> str:
     """The file this child's output goes to ('' outside a child): the implementation's process appends to it."""
     return _capture or os.devnull
@@ -97,8 +110,6 @@ def capture_path() -> str:
 
 def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None], parent: int) -> None:
     global _channel, _deadline, _memory_limit, _capture
-    from llm_inference_harness.engine.boundary import die_with_parent
-
     die_with_parent(parent)  # a killed harness takes its children along (they are in sessions of their own)
     os.setsid()  # its own session and process group: no terminal signals, one group to kill
     out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)

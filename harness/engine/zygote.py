@@ -17,7 +17,8 @@ import socket
 import time
 from typing import Any
 
-from llm_inference_harness.engine.boundary import describe_status, die_with_parent
+from llm_inference_harness.engine.boundary import describe_status
+from llm_inference_harness.engine.isolation import die_with_parent
 
 
 class Zygote:
