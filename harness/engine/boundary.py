@@ -17,6 +17,7 @@ process group (the implementation's own children included) when it is done or th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import ctypes
@@ -84,7 +85,8 @@ class PluginProcess:
         self.home = ""  # its home when it runs under a user id of its own
         self.last_inputs: wire.Encoder | None = None
         self.posted: set[int] = set()  # requests sent whose replies have not been collected
-        self.sent: dict = {}  # models sent by value, by `wire.value_key`: named, not sent, the next time
+        # models sent by value, by `wire.value_key`: named, not sent, the next time (the latest wire.KEPT_MODELS)
+        self.sent: collections.OrderedDict = collections.OrderedDict()
         self.early: dict[int, tuple] = {}  # replies that came while the judge waited for another
 
     # -- starting --------------------------------------------------------------------------------------------

@@ -344,8 +344,12 @@ class Server:
         except Exception as exc:  # noqa: BLE001 - the judge sees what reading it raised
             return "raised", wire.encode_exception(exc)
 
-    def value(self, key, pickled: bytes | None, path: str):
-        """An object the judge sent by value; a model is kept, and named by its key when sent again."""
+    def value(self, key, pickled: bytes | None, path: str, forget: list):
+        """An object the judge sent by value; a model is kept, and named by its key when sent again, until the
+        judge says to forget it (the judge keeps the latest `wire.KEPT_MODELS`: every kept model is checked for
+        changes after every call)."""
+        for old in forget:
+            self.models.pop(tuple(old) if isinstance(old, list) else old, None)
         if pickled is None:
             return self.models[key][0]
         obj = pickle.loads(pickled)  # from the judge
@@ -358,8 +362,8 @@ class Server:
         for obj, path, state in self.models.values():
             now = wire.module_state(obj)
             if now != state:
-                names = [a[0] for a, b in zip(state, now, strict=False) if a != b] or ["its parameters"]
-                return f"mutated its input {path}.{names[0]} (inputs must be left unchanged; a model's weights too)"
+                name = wire.changed_tensor_name(obj, state)
+                return f"mutated its input {path}.{name} (inputs must be left unchanged; a model's weights too)"
         return ""
 
     # -- references ------------------------------------------------------------------------------------------

@@ -190,10 +190,14 @@ class Encoder:
         if self.by_value and isinstance(value, self.by_value):
             key = value_key(value)
             if key is not None and self.sent is not None and key in self.sent:
-                return ("P", key, None, path)
+                self.sent.move_to_end(key)
+                return ("P", key, None, path, [])
+            forget = []
             if key is not None and self.sent is not None:
                 self.sent[key] = value  # held: the key's id stays this object's
-            return ("P", key, pickle.dumps(value, protocol=5), path)
+                while len(self.sent) > KEPT_MODELS:  # an earlier example's models: forgotten on both sides
+                    forget.append(self.sent.popitem(last=False)[0])
+            return ("P", key, pickle.dumps(value, protocol=5), path, forget)
         spec = self.refs(value)
         return ("R", spec.owner, spec.handle, spec.methods, spec.type_name, spec.sink,
                 [(k, self.encode(v, f"{path}.{k}")) for k, v in spec.attrs])
@@ -220,18 +224,31 @@ class Encoder:
         return ("A", dtype, list(t.shape), list(t.stride()), offset, flat.numel(), str(t.device))
 
 
+KEPT_MODELS = 8  # models sent by value that both sides keep (the latest used): a test uses one or two at a time
+
+
 def value_key(value: Any) -> tuple | None:
     """What says a model is the one sent before, unchanged: its identity and every parameter's and buffer's identity
     and version (an in-place change bumps a tensor's version).  None: send it every time (a seeded rng, whose state
     moves with every draw)."""
     if not isinstance(value, torch.nn.Module):
         return None
-    return (id(value), *((id(t), t._version) for t in value.state_dict(keep_vars=True).values()))
+    return (id(value), *module_state(value))
 
 
 def module_state(module: torch.nn.Module) -> tuple:
-    """The same fingerprint, over there: a decoder that changes its model's weights changes it."""
-    return tuple((name, id(t), t._version) for name, t in module.state_dict(keep_vars=True).items())
+    """The same fingerprint, over there: a decoder that changes its model's weights changes it.  Read from each
+    submodule's own tables, not `state_dict()`, whose hooks and key building cost ~1 ms a call on a tiny model:
+    taken at every call, it was most of a stateful decoder's time across the boundary."""
+    return tuple((id(t), t._version) for m in module.modules() for table in (m._parameters, m._buffers)
+                 for t in table.values() if t is not None)
+
+
+def changed_tensor_name(module: torch.nn.Module, before: tuple) -> str:
+    """The name of a parameter or buffer of ``module`` whose fingerprint is not in ``before``."""
+    known = set(before)
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    return next((name for name, t in named if (id(t), t._version) not in known), "its parameters")
 
 
 _PACKAGE = __name__.split(".")[0]  # the harness's top-level name: this module is <it>.engine.wire
