@@ -3,7 +3,7 @@ saying so and how to get them, and keeps the ones a previous full report measure
 
 import json
 
-from llm_inference_harness.bench.report import write_report
+from llm_inference_harness.bench.report import section_titles, write_report
 from llm_inference_harness.bench.report.document import SWEEPS
 
 CHEAP = "Attention: modelled HBM traffic"  # a section that only computes closed forms: ~1 s
@@ -21,6 +21,7 @@ def test_quick_report_names_each_sweep_it_leaves_out(tmp_path):
 
 
 def test_quick_report_keeps_what_a_full_report_measured(tmp_path):
+    section_titles()  # imports the modules that register the sections (and their sweeps)
     title = next(iter(SWEEPS))
     (tmp_path / "README.md").write_text(f"# Measured on this machine\n\n## {title}\n\nmeasured: 42 s\n")
     (tmp_path / "skipped.json").write_text("[]")

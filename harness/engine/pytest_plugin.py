@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from llm_inference_harness.engine.profiles import load
     from llm_inference_harness.engine.runner import trusted_in_process
 
+    if config.getoption("--harness-impl"):
+        _downstream(config)
     if not (config.getoption("--harness-trusted-in-process") or trusted_in_process()):
         config.stash[_ISOLATED] = Isolated()  # the zygote forks now, before this process computes anything
     profile = config.getoption("--harness-profile") or ("ci" if config.getoption("--harness-impl") else None)
@@ -82,6 +85,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--harness-impl"):
         config.stash[_CHOSEN] = _chosen(config.getoption("--harness-impl"), config.stash.get(_ISOLATED, None))
         config.stash[_PROFILE] = profile
+
+
+def _downstream(config: pytest.Config) -> None:
+    """Another project's session judging its own implementation: its folder importable as `python -m pytest` makes
+    it (the `pytest` script does not put it on sys.path), and one intra-op thread here and in the implementation's
+    process -- two processes of torch's default threads spin against each other on the same cores (36 s where
+    `harness check` took 4.7 s)."""
+    import torch
+
+    here = str(config.invocation_params.dir)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    torch.set_num_threads(1)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -173,7 +189,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if known and not reason:  # strict: a recorded failure that stops reproducing fails the run, as `stale` does
             marks.append(pytest.mark.xfail(strict=True, reason=f"known upstream failure of {known.library} "
                                                                f"{known.version}: {known.what}"))
-        cases.append(pytest.param(impl, id=impl.name, marks=marks))
+        cases.append(pytest.param(impl, id=f"{technique}/{impl.name}", marks=marks))  # node ids name both
     if not cases:
         cases = [pytest.param(None, id="none", marks=[pytest.mark.skip(
             reason=f"no {technique} implementation was given (--harness-impl {technique}=MODULE:ATTR)")])]
