@@ -40,6 +40,15 @@ NOT_RUN = "not run:"  # the message of a property its implementation's process n
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    environment = dict(os.environ)  # what this command sets for its children (trust, the example database) ends
+    try:                            # with it: main() called in a test leaves the next command as it found it
+        return _command(args)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+
+
+def _command(args: argparse.Namespace) -> int:
     if getattr(args, "trusted_in_process", False):
         os.environ[runner.TRUSTED_IN_PROCESS] = "1"
     try:
