@@ -4,25 +4,17 @@ Registered by this project's conftest.py for its own pytest runs (``--hypothesis
 before it imports any property, and under ``harness-`` names by the pytest plugin in another project's
 session (which may have profiles of its own called ci or dev).
 
-ci draws the same examples for every command.  Hypothesis (6.131+) also draws, now and then, a constant found in
-the source of the "local" modules imported so far -- a set that differs between one test run alone, the whole
-suite, and each pytest-xdist worker -- so a derandomized run drew other examples from process to process (a
-mutant killed in one run survived the next).  `fixed_constants` turns that pool off for the harness's runs; the
-constants Hypothesis ships (0, 1, -1, the float edge values, ...) stay.  A failure's printed blob
-(``--reproduce``) replays it exactly.
+ci draws the same examples for the same command, but not for every command: Hypothesis (6.131+) also draws, now
+and then, a constant found in the source of the "local" modules imported so far, so one test run alone can draw
+other examples than the whole suite, and each pytest-xdist worker its own.  This project's conftest.py turns that
+pool off for its own suite (a mutant killed in one run survived the next); a failure's printed blob
+(``--reproduce``) replays it exactly either way.
 """
 
 from hypothesis import HealthCheck, Phase, settings
 
 PROFILES = ("dev", "ci", "thorough")
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.differing_executors]
-
-
-def fixed_constants() -> None:
-    """Hypothesis's pool of constants from local modules, empty for good: the same draws in every process."""
-    from hypothesis.internal.conjecture import providers
-
-    providers._get_local_constants = lambda: providers.Constants()
 
 
 def register_profiles(prefix: str = "") -> None:
@@ -41,7 +33,6 @@ def load(name: str, prefix: str = "") -> None:
     if name not in PROFILES:
         raise ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {name!r}")
     register_profiles(prefix)
-    fixed_constants()
     from llm_inference_harness.engine.exampledb import from_environment
 
     shared = from_environment()  # a Redis example database, where HARNESS_EXAMPLE_DB names one
