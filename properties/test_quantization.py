@@ -29,6 +29,14 @@ from llm_inference_harness.engine.capabilities import applies
 from llm_inference_harness.engine.devices import available
 from llm_inference_harness.engine.guard import assert_rejected
 from llm_inference_harness.engine.tolerance import TOLERANCES, dtype_of
+from llm_inference_harness.properties.quantization_checks import (
+    asymmetric,
+    scale_allowance,
+    scale_rtol,
+    serves,
+    slack,
+    symmetric,
+)
 from llm_inference_harness.references.quantization import (
     declared_quantize64,
     float_zero_point_quantize64,
@@ -38,33 +46,6 @@ from llm_inference_harness.references.quantization import (
 from llm_inference_harness.strategies.quantization import LONG_ROWS, QuantCase, long_row_cases, quant_cases
 
 TECHNIQUE = "quantization"
-
-
-def symmetric(impl) -> str | None:
-    return None if impl.caps.symmetric else f"{impl.name} is asymmetric (zero point): no absmax round trip"
-
-
-def asymmetric(impl) -> str | None:
-    return None if not impl.caps.symmetric else f"{impl.name} is symmetric (absmax_round_trips checks it)"
-
-
-def serves(*granularities: str, bits: int | None = None):
-    """Skip reason unless the implementation declares these granularities (and bit width)."""
-
-    def reason(impl) -> str | None:
-        missing = [g for g in granularities if g not in impl.caps.granularities]
-        if missing:
-            return f"needs granularity {', '.join(missing)}; {impl.name} declares {impl.caps.granularities}"
-        if bits is not None and bits not in impl.caps.bits:
-            return f"needs {bits}-bit codes; {impl.name} declares bits {impl.caps.bits}"
-        return None
-
-    return reason
-
-
-def scale_rtol(dtype: torch.dtype) -> float:
-    """Relative error allowed in a scale computed in dtype: a few roundings (the table's "quantize" floor)."""
-    return TOLERANCES[("quantize", dtype)].floor
 
 
 def draw_case(data, impl, **kw) -> QuantCase:
@@ -82,21 +63,10 @@ def reference(impl, w, case: QuantCase):
     return declared_quantize64(w, case.bits, case.granularity, case.group_size, impl.caps)
 
 
-def scale_allowance(impl, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """How far a returned scale may be from ``scale`` (float64): a few roundings in w's dtype plus the
-    rounding to the declared scale_dtype."""
-    return scale_rtol(dtype) * scale.double().abs() + scale_rounding(scale, impl.caps.scale_dtype)
-
-
 def quantize_case(impl, case: QuantCase, w=None, granularity=None, group_size=None):
     w = case.tensor() if w is None else w
     gran = "".join(granularity or case.granularity)  # a new str, as a parsed config holds: not the interned literal
     return call(impl, w, bits=case.bits, granularity=gran, group_size=group_size if granularity else case.group_size)
-
-
-def slack(w: torch.Tensor, w_hat: torch.Tensor) -> torch.Tensor:
-    """Rounding of the arithmetic in w's dtype, element-wise (the tolerance table's floor)."""
-    return TOLERANCES[("quantize", w.dtype)].floor * (w.double().abs() + w_hat.double().abs())
 
 
 @given(data=st.data())

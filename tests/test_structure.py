@@ -39,7 +39,7 @@ LAYERS = [
     ("references, strategies, batch invariance", ["references", "strategies", "engine.batch_invariance"]),
     ("implementations, analytic models", ["impls", "analytic"]),
     ("properties", ["properties"]),
-    ("runner", ["engine.runner", "engine.pytest_plugin", "engine.callserver", "engine.zygote"]),
+    ("runner", ["engine.runner", "engine.terminal", "engine.pytest_plugin", "engine.callserver", "engine.zygote"]),
     ("scale-out and mutation testing", ["engine.units", "engine.executors", "engine.scale", "engine.merge",
                                         "engine.measure", "engine.enumeration_pool", "engine.mutation"]),
     ("bench", ["bench"]),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from llm_inference_harness.sampling.enumeration import results_of, run_task
+from llm_inference_harness.sampling.workers import results_of, run_task
 
 MAX_RESTARTS = 3
 CHUNKS_PER_ACTOR = 4  # per map: enough to even out unequal chunks, few enough that calls cost little

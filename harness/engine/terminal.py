@@ -1,0 +1,120 @@
+"""What a person reads of a check: a progress line per finished (implementation, property), or a live bar on a
+terminal, then the implementation x property matrix with each failure, its example and its reproduce line."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from llm_inference_harness.engine import runner
+from llm_inference_harness.engine.registry import LOAD_ERRORS
+
+MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip", "upstream": "upstr", "stale": "STALE"}
+NOT_RUN = "not run:"  # the message of a property its implementation's process never reached
+
+
+def print_matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], out) -> None:
+    def say(*lines: str) -> None:
+        print(*lines, sep="\n", file=out)
+
+    cell = {(r.name, v.property): v for r in results for v in r.verdicts}
+    width = max([len(r.name) for r in results] + [14])
+    say(f"\n{technique}: implementation x property\n", *(f"  [{n}] {p.name}" for n, p in enumerate(props)))
+    say(f"\n  {'':<{width}} " + " ".join(f"{f'[{n}]':>5}" for n in range(len(props))))
+    for r in results:
+        row = [MARK[cell[(r.name, p.name)].status] if (r.name, p.name) in cell else "?" for p in props]
+        mutant = "   (mutant)" if r.info.get("mutant") else ""
+        say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
+    declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
+    if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
+        say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
+    verdicts = [v for r in results for v in r.verdicts]
+    for v in verdicts:
+        if v.status in ("FAIL", "stale", "upstream") and not v.message.startswith(NOT_RUN):
+            say(f"\n{v.status.upper()} {v.impl} / {v.property}: {v.message}")
+            if v.counterexample:
+                say("  " + v.counterexample.replace("\n", "\n  "))
+            if v.output:
+                say("  output of the implementation:", "    " + v.output.strip().replace("\n", "\n    "))
+            if v.reproduce:
+                say(f"  reproduce: {v.reproduce}")
+    not_run: dict[tuple[str, str], list[str]] = {}  # (implementation, why) -> the properties never reached
+    for v in verdicts:
+        if v.status == "FAIL" and v.message.startswith(NOT_RUN):
+            not_run.setdefault((v.impl, v.message.removeprefix(NOT_RUN).strip()), []).append(v.property)
+    for (impl, why), props_left in not_run.items():
+        named = ", ".join(props_left[:3]) + (f" and {len(props_left) - 3} more" if len(props_left) > 3 else "")
+        say(f"\nNOT RUN {impl}: {len(props_left)} properties ({named}): {why}")
+    for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
+        say(f"skip {prop}: {why}")
+    count = {s: sum(v.status == s for v in verdicts) for s in MARK}
+    unreached = sum(map(len, not_run.values()))
+    say(f"\n{count['pass']} passed, {count['FAIL'] - unreached} failed, {count['skip']} skipped"
+        + (f", {unreached} not run" if unreached else "")
+        + (f", {count['upstream']} known upstream failures" if count["upstream"] else "")
+        + (f", {count['stale']} stale upstream records" if count["stale"] else ""))
+
+
+def report_load_errors() -> None:
+    for line in LOAD_ERRORS:
+        print(f"warning: plugin {line}", file=sys.stderr)
+
+
+class Printer(runner.Progress):
+    """Progress of a check: a line per finished (implementation, property) with its time and the technique's
+    ETA when the output is not a terminal (logs), a live bar that keeps failures and notes above it on one."""
+
+    SLOW_S = 30.0  # a property still running after this long says so, with what its process reported
+
+    def __init__(self, technique: str, total: int, out, quiet: bool = False) -> None:
+        self.technique, self.total, self.out, self.quiet = technique, total, out, quiet
+        self.done, self.started_at, self.running, self.warned = 0, time.monotonic(), {}, set()
+        self.bar = None
+
+    def __enter__(self) -> Printer:
+        if self.out.isatty() and self.total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc=self.technique, file=self.out, unit="check", leave=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def _say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.out)
+        else:
+            print(text, file=self.out, flush=True)
+
+    def started(self, target, prop: str) -> None:
+        self.running[target] = (prop, time.monotonic())
+
+    def finished(self, target, verdict) -> None:
+        self.done += 1
+        self.running.pop(target, None)
+        elapsed = time.monotonic() - self.started_at
+        eta = elapsed / self.done * max(0, self.total - self.done)
+        unreached = verdict.message.startswith(NOT_RUN)  # said once, grouped, under the matrix
+        if self.bar is not None:
+            self.bar.update(1)
+            if verdict.status == "FAIL" and not self.quiet and not unreached:
+                self._say(f"  FAIL {verdict.impl} / {verdict.property} ({verdict.seconds:.1f} s)")
+        elif (not self.quiet or verdict.status == "FAIL") and not unreached:
+            self._say(f"  [{self.technique} {self.done}/{self.total}, ETA {_duration(eta)}] {verdict.impl} / "
+                      f"{verdict.property}: {verdict.status} ({verdict.seconds:.1f} s)")
+
+    def note(self, target, text: str) -> None:
+        self._say(f"  note {target.label}: {text}")
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for target, (prop, since) in self.running.items():
+            if now - since > self.SLOW_S and (target, prop) not in self.warned:
+                self.warned.add((target, prop))
+                self._say(f"  still running: {target.label} / {prop} after {now - since:.0f} s")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
