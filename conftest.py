@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
     # Triton kernels (the [test] extra installs Triton) run under its CPU interpreter here, at the
     # small sizes they declare; on a GPU machine they run natively.  Set before any impl is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
 from hypothesis import settings
 
 from llm_inference_harness.engine.profiles import register_profiles
@@ -32,6 +33,18 @@ def _fixed_constants() -> None:
 
 register_profiles()
 _fixed_constants()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """This project's own implementations are judged inside the test process, as `--harness-trusted-in-process`
+    does: they are the code we trust, and the boundary costs this 2-core CI about 3 of its 15 minutes.  The judge's
+    isolation is tested on its own: every technique's implementations get the same verdicts both ways
+    (tests/test_boundary.py), every example plugin passes `harness check` isolated through every law of its
+    technique (tests/test_docs.py), and every trick of tests/adversarial/ is caught (tests/test_adversarial.py).
+    HARNESS_SUITE_ISOLATED=1 runs the whole suite isolated, as another project's pytest session runs it."""
+    if os.environ.get("HARNESS_SUITE_ISOLATED") != "1":
+        config.option.harness_trusted_in_process = True
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -140,8 +140,9 @@ PARITY_LAWS = {  # technique -> a correctness law and its bad-input law, each qu
 @pytest.mark.parametrize("technique", sorted(PARITY_LAWS))
 def test_honest_implementations_get_the_same_verdicts_both_ways(technique, monkeypatch):
     """Every registered implementation of a technique, judged from outside its process and inside the judge's
-    (``--trusted-in-process``), through two of its laws: the boundary changes no honest verdict.  (The test suite
-    itself runs every law of every implementation across the boundary, expecting the verdicts they always had.)"""
+    (``--trusted-in-process``), through two of its laws: the boundary changes no honest verdict.  (The README's
+    example plugins go through every law of their technique across the boundary in tests/test_docs.py, and
+    HARNESS_SUITE_ISOLATED=1 runs the whole suite that way.)"""
     from llm_inference_harness.engine.registry import impls
     from llm_inference_harness.engine.runner import TRUSTED_IN_PROCESS, Target, check
 
