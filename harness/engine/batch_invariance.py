@@ -75,19 +75,25 @@ def assert_same_bits(c: Comparison, name: str) -> None:
 
 @contextlib.contextmanager
 def threads(n: int) -> Iterator[None]:
-    """torch's intra-op thread count set to n inside, restored after (a call must not change it)."""
+    """torch's intra-op thread count set to n inside, restored after (a call must not change it); an implementation
+    in a process of its own runs its calls at n threads too (`remote_context`)."""
+    from llm_inference_harness.engine.boundary import remote_context
+
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
-        yield
+        with remote_context(threads=n):
+            yield
     finally:
         torch.set_num_threads(before)
 
 
 def determinism(run: Callable[[], Any], what: str) -> Iterator[Comparison]:
     """run() twice, then at each other of THREADS intra-op threads: every result must equal the first."""
-    first, now = run(), torch.get_num_threads()
-    yield Comparison("rerun", f"{what}, run again at {now} intra-op thread(s)", run(), first)
+    now = torch.get_num_threads()
+    with threads(now):  # the same count over there as here
+        first, again = run(), run()
+    yield Comparison("rerun", f"{what}, run again at {now} intra-op thread(s)", again, first)
     for n in (n for n in THREADS if n != now):
         with threads(n):
             yield Comparison("threads", f"{what} at {n} intra-op thread(s)", run(), first)
