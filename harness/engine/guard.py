@@ -16,7 +16,7 @@ import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -134,22 +134,10 @@ def guarded_call(
     lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
     configs = list(_configs(found))
     state = global_state(owns_torch_rng)
-    isolation.set_deadline(timeout_s)
-    try:
-        box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
-    finally:
-        isolation.set_deadline(None)
-    if box is None:
-        _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
-        raise ContractViolation(_hung[key])
+    box = _timed(fn, args, kwargs, key, timeout_s)
     changed = changed_state(state, global_state(owns_torch_rng))
     if "exc" in box:
-        exc = box["exc"]
-        if isinstance(exc, BoundaryFailure):  # a call across the boundary inside a judge-side helper
-            if exc.hung:
-                _hung[key] = str(exc)
-            raise exc
-        raise ContractViolation(_raised(exc)) from exc
+        _raise(box["exc"], key)
     if changed:
         raise ContractViolation(f"changed global state: {changed} (a call must leave the process as it found it)")
     for (path, old), (_, new) in zip(before, _tensors(found) if compare_tensors else (), strict=True):
@@ -169,6 +157,15 @@ def guarded_call(
 def _helper_call(fn: Callable[..., Any], args: tuple, kwargs: dict, key: int, timeout_s: float) -> Any:
     """A judge-side helper whose calls go to the implementation's process, under the per-call limit only: the
     implementation's global state and inputs are not this process's (each call is compared over there)."""
+    box = _timed(fn, args, kwargs, key, timeout_s)
+    if "exc" in box:
+        _raise(box["exc"], key)
+    return box["out"]
+
+
+def _timed(fn: Callable[..., Any], args: tuple, kwargs: dict, key: int, timeout_s: float) -> dict:
+    """``fn(*args, **kwargs)`` under the per-call limit: {"out": ...} or {"exc": ...}; a hang is remembered for
+    ``key`` (the implementation is not called again) and raised."""
     isolation.set_deadline(timeout_s)
     try:
         box = (_alarmed if _alarm_free() else _threaded)(fn, args, kwargs, timeout_s)
@@ -177,14 +174,17 @@ def _helper_call(fn: Callable[..., Any], args: tuple, kwargs: dict, key: int, ti
     if box is None:
         _hung[key] = f"hung: no result within the per-call limit of {timeout_s:g} s"
         raise ContractViolation(_hung[key])
-    if "exc" in box:
-        exc = box["exc"]
-        if isinstance(exc, BoundaryFailure):
-            if exc.hung:
-                _hung[key] = str(exc)
-            raise exc
-        raise ContractViolation(_raised(exc)) from exc
-    return box["out"]
+    return box
+
+
+def _raise(exc: BaseException, key: int) -> NoReturn:
+    """What a call raised, as its verdict: a failure across the boundary (inside a judge-side helper) as it came,
+    a hang there remembered for ``key``; anything else a ContractViolation naming it."""
+    if isinstance(exc, BoundaryFailure):
+        if exc.hung:
+            _hung[key] = str(exc)
+        raise exc
+    raise ContractViolation(_raised(exc)) from exc
 
 
 def is_remote(obj: Any) -> bool:

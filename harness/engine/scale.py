@@ -57,8 +57,9 @@ class Scale:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Scale:
-        """ValueError (a usage error) for an unreadable durations file or an unreachable example database."""
-        exampledb.configure(args.example_db, args.example_db_write)
+        """ValueError (a usage error) for an unreadable durations file or an unreachable cluster.  The example
+        database is set by the command line's validation, before any property module is imported
+        (llm_inference_harness.cli._example_db)."""
         durations = Durations.load(args.durations)
         executor = Ray(args.address, durations=durations) if args.executor == "ray" else None
         if args.address and executor is None:
