@@ -201,7 +201,7 @@ def pytest_runtest_call(item: pytest.Item):
     """A known upstream failure runs without shrinking: the xfail needs one failing example, and shrinking one
     replays hundreds of variations (tens of seconds for a transformers model) to print nothing."""
     from llm_inference_harness.engine.registry import KNOWN_FAILURES
-    from llm_inference_harness.engine.runner import shrinking
+    from llm_inference_harness.engine.runner import Property, law, shrinking
 
     impl = getattr(getattr(item, "callspec", None), "params", {}).get("impl")
     technique = _technique_of(getattr(item, "module", None).__name__) if impl is not None else None
@@ -212,7 +212,10 @@ def pytest_runtest_call(item: pytest.Item):
     if technique and isolated is not None:  # the implementation's process: kept from an earlier test, or new
         item.funcargs["impl"] = isolated.impl(technique, plugin=spec) if spec else isolated.impl(technique,
                                                                                                name=impl.name)
-    with shrinking(item.obj, not known):
+    if known:
+        item.obj = law(Property(item.originalname.removeprefix("test_"), item.obj, item.module.__name__),
+                       shrink=False, blob=None)
+    with shrinking(not known):
         try:
             return (yield)
         except BaseException as exc:

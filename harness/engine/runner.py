@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -93,20 +94,15 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
     reason = prop.skip_reason(impl)
     if reason:
         return Verdict(impl.name, prop.name, "skip", message=reason)
-    if blob:
-        version, _, data = blob.partition(":")
-        for f in _wrapper_chain(prop.fn):  # the @given test reads it, not a decorator's wrapper around it
-            if "_hypothesis_internal_use_reproduce_failure" in getattr(f, "__dict__", {}):
-                f._hypothesis_internal_use_reproduce_failure = (version, data.encode())
     start = time.perf_counter()
     known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
     printed: list[str] = []  # a replayed example is reported, not attached to the exception
     from hypothesis import reporting
 
     try:
-        with shrinking(prop.fn, shrink and not known), (
+        with shrinking(shrink and not known), (
                 reporting.with_reporter(printed.append) if blob else contextlib.nullcontext()):
-            prop.fn(impl=impl)
+            law(prop, shrink=shrink and not known, blob=blob)(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
         verdict = Verdict(
             impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
@@ -128,33 +124,65 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
     return Verdict(impl.name, prop.name, "pass", seconds=time.perf_counter() - start)
 
 
+# --- a property's test as the run needs it, through Hypothesis's public API ----------------------------------
+# A @given test takes its settings when it is decorated, from the profile loaded then (Hypothesis reads no later
+# change of profile), so a test that must run without shrinking, or replay one printed failure, is a fresh
+# execution of its property module: its tests are decorated anew, under the settings this run needs.
+def law(prop: Property, *, shrink: bool, blob: str | None) -> Callable:
+    """``prop``'s test: as imported; unshrunk (without Hypothesis's shrink and explain phases: shrinking a
+    mutant's failure replays hundreds of variations, minutes for a model-sized example, to learn nothing the kill
+    needs); or replaying ``blob``, the ``VERSION:DATA`` of a failure Hypothesis printed (@reproduce_failure)."""
+    if blob:
+        from hypothesis import reproduce_failure
+
+        version, _, data = blob.partition(":")
+        fn = getattr(_fresh(prop.module), f"test_{prop.name}")
+        for f in _wrapper_chain(fn):  # the @given test reads it at each call, under any decorator's wrapper
+            if hasattr(f, "hypothesis"):
+                reproduce_failure(version, data.encode())(f)
+        return fn
+    if shrink:
+        return prop.fn
+    with shrinking(False):
+        key = (prop.module, repr(_default_settings()))
+        if key not in _UNSHRUNK:
+            _UNSHRUNK[key] = _fresh(prop.module)
+        return getattr(_UNSHRUNK[key], f"test_{prop.name}")
+
+
+_UNSHRUNK: dict[tuple[str, str], object] = {}  # (module, the profile's settings) -> its unshrunk execution
+
+
+def _fresh(module: str) -> object:
+    """A new execution of a property module, not entered in sys.modules (the imported one stays as it is)."""
+    spec = importlib.util.find_spec(module)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    return fresh
+
+
+def _default_settings():
+    from hypothesis import settings
+
+    return settings.default
+
+
 @contextlib.contextmanager
-def shrinking(fn: Callable, shrink: bool) -> Iterator[None]:
-    """Without ``shrink``, a property runs without Hypothesis's shrink and explain phases: shrinking a
-    mutant's failure replays hundreds of variations (minutes for a model-sized example) to learn nothing the
-    kill needs.  Set where Hypothesis reads it: on each @given test in ``fn``'s chain of wrappers (a decorator
-    such as kvcache's single_threaded copies the settings onto its wrapper, where Hypothesis never reads them),
-    and in the default profile, which a state machine run with ``settings.default`` reads."""
+def shrinking(shrink: bool) -> Iterator[None]:
+    """The default profile, which a state machine run with ``settings.default`` reads at run time, without the
+    shrink and explain phases unless ``shrink``."""
     if shrink:
         yield
         return
     from hypothesis import Phase, settings
 
-    def unshrunk(s: settings) -> settings:
-        return settings(s, phases=[p for p in s.phases if p not in (Phase.shrink, Phase.explain)])
-
-    tests = [(f, f._hypothesis_internal_use_settings) for f in _wrapper_chain(fn)
-             if "_hypothesis_internal_use_settings" in getattr(f, "__dict__", {})]
     default = settings.default
-    settings.register_profile("harness-unshrunk", unshrunk(default))
+    settings.register_profile("harness-unshrunk", default, phases=[
+        p for p in default.phases if p not in (Phase.shrink, Phase.explain)])
     settings.load_profile("harness-unshrunk")
-    for f, s in tests:
-        f._hypothesis_internal_use_settings = unshrunk(s)
     try:
         yield
     finally:
-        for f, s in tests:
-            f._hypothesis_internal_use_settings = s
         settings.register_profile("harness-shrinking", default)  # the profile as it was: load_profile takes a name
         settings.load_profile("harness-shrinking")
 
