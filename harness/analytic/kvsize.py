@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KiB, MiB, GiB, GB = 2**10, 2**20, 2**30, 10**9
+KiB, GiB, GB = 2**10, 2**30, 10**9
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,6 @@ from llm_inference_harness.sampling.enumeration import outcome_distribution
 if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
     from llm_inference_harness.engine.registry import Impl
 
-STAGES = ("temperature", "top_k", "top_p", "min_p")
 # caps order -> the stages after the penalties: transformers' _get_logits_processor; vLLM v1's Sampler (min-p is an
 # argmax-invariant logits processor applied before TopKTopPSampler); llama.cpp's default chain (temperature last)
 ORDERS = {

@@ -33,14 +33,13 @@ from llm_inference_harness.strategies.batch import (
 from llm_inference_harness.strategies.batch import permutation as drawn_permutation
 
 BATCH_KINDS = ("batch", "permutation", "chunks", "continuous")  # what batch_invariant promises
-DETERMINISM_KINDS = ("rerun", "threads")  # what deterministic promises
 THREADS = (1, 2)  # intra-op thread counts a deterministic implementation must agree across
 TECHNIQUES = ("attention", "paged_attention", "kvcache", "quantized_linear", "speculative")
 
 
 @dataclass(frozen=True)
 class Comparison:
-    kind: str  # one of BATCH_KINDS + DETERMINISM_KINDS
+    kind: str  # one of BATCH_KINDS, or what deterministic promises: "rerun", "threads"
     what: str  # which row, in which situation
     got: Any  # a tensor, or a sampler's tokens and rounds
     want: Any
