@@ -17,7 +17,6 @@ PROFILES = ("dev", "ci", "thorough")
 _SLOW_OK = [
     HealthCheck.too_slow,  # one example is a model's generation or a kernel on thousands of tokens: seconds is normal
     HealthCheck.data_too_large,  # a state machine's program of tens of steps, each drawing a sequence of tokens
-    HealthCheck.differing_executors,  # the engine calls one property per implementation (each with its own impl)
 ]
 
 
