@@ -19,7 +19,7 @@ from tests.shared import once
 
 ADVERSARIAL = Path(__file__).with_name("adversarial")
 REFERENCE = "vs float64 reference"
-EXPECTED = {  # plugin -> what its FAIL must say
+EXPECTED = {  # plugin -> what its FAIL must say (one of, where a tuple)
     "patches_reference": REFERENCE,
     "patches_tolerance": REFERENCE,
     "patches_comparisons": REFERENCE,
@@ -38,7 +38,9 @@ EXPECTED = {  # plugin -> what its FAIL must say
     "exits_at_exit": REFERENCE,
     "forges_the_channel": "mutated its input q",  # its writes through /proc/self/fd reach its view of the inputs
     "forges_result_files": REFERENCE,
-    "lingering_thread": "after the call had returned",
+    # its thread zeroes the inputs it holds from the moment its call stores them: before the call's result is sent
+    # back (the judge sees a mutated input) or after (a write after the call had returned), as the scheduler has it
+    "lingering_thread": ("mutated its input q", "after the call had returned"),
     "reads_judge_memory": REFERENCE,
     "kills_the_judge": REFERENCE if os.geteuid() == 0 else "crashed",  # as root it cannot signal the judge
 }
@@ -68,7 +70,8 @@ def isolated(tmp_path_factory):
 def test_a_trick_gets_a_failing_verdict_naming_what_was_seen(isolated, name):
     verdict = isolated[name]
     assert verdict["status"] == "FAIL", f"{name} forged its verdict: {verdict}"
-    assert EXPECTED[name] in verdict["message"], f"{name}: {verdict['message'][:400]}"
+    says = EXPECTED[name] if isinstance(EXPECTED[name], tuple) else (EXPECTED[name],)
+    assert any(s in verdict["message"] for s in says), f"{name}: {verdict['message'][:400]}"
 
 
 def test_no_forged_file_is_left(isolated):
