@@ -180,17 +180,26 @@ def test_parameter_grid_exactly(impl):
 
 @applies(processor)
 def test_statistical_fit_large_vocabulary(impl):
-    """Chi-square of one token from each of n identical rows (V = 256, every filter and penalty at work) against the
-    reference: detects a total-variation distance of DELTA with probability >= POWER
-    (llm_inference_harness.sampling.statistical); the tokens the reference gives fewer than 5 expected draws are pooled
-    into one cell."""
+    """Chi-square of one token from each of n identical rows (V = 256) against the reference: detects a
+    total-variation distance of DELTA with probability >= POWER (llm_inference_harness.sampling.statistical); the
+    tokens the reference gives fewer than 5 expected draws are pooled into one cell.  Two rows: every filter and
+    penalty at work on distinct logits; and eight tokens tied at the top, cut by top-k = 3, where the declared tie
+    rule decides which are kept (torch's CPU sort keeps ties in index order below 17 elements even unstable, so the
+    exact laws' small vocabularies cannot show a sort that loses it)."""
     V = min(256, impl.caps.max_vocab or 256)
     g = torch.Generator().manual_seed(11)
-    row = torch.randn(1, V, generator=g) * 3
-    values = {"temperature": 0.8, "top_k": 12, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
-              "presence_penalty": 0.5, "frequency_penalty": 0.25}
-    values = {k: v if k in impl.caps.params else OFF[k] for k, v in values.items()}
+    row = torch.randn(1, V, generator=g) * 3  # (1, V)
     history = {"prompt_tokens": [tuple(range(0, 40, 3))], "output_tokens": [(1, 1, 5, 9)]}
+    _fits(impl, row, {"temperature": 0.8, "top_k": 12, "top_p": 0.9, "min_p": 0.02, "repetition_penalty": 1.3,
+                      "presence_penalty": 0.5, "frequency_penalty": 0.25}, history, "distinct logits")
+    tied = row.clone()
+    tied[0, torch.randperm(V, generator=g)[:8]] = row.max() + 1  # eight tokens tied at the top, scattered ids
+    _fits(impl, tied, {"temperature": 1.0, "top_k": 3}, {"prompt_tokens": [()], "output_tokens": [()]},
+          "eight tokens tied at the top, top_k = 3")
+
+
+def _fits(impl, row: torch.Tensor, values: dict, history: dict, what: str) -> None:
+    values = {k: values.get(k, OFF[k]) if k in impl.caps.params else OFF[k] for k in OFF}
     exact = processed(row.double(), sampling_params(1, **values, **history), order=impl.caps.order,
                       ties=impl.caps.ties)[0]
     cells = {t: p for t, p in enumerate(exact.tolist()) if p > 0}
@@ -200,9 +209,10 @@ def test_statistical_fit_large_vocabulary(impl):
     n = sample_size(len(binned))
     params = sampling_params(n, **values, prompt_tokens=history["prompt_tokens"] * n,
                              output_tokens=history["output_tokens"] * n)
+    V = row.shape[1]
     tokens = call(impl, row.expand(n, V).contiguous(), params, 12345 if impl.caps.rng == "own" else TorchRng(12345))
     fit = goodness_of_fit(["rare" if t in rare else t for t in tokens.tolist()], binned)
-    assert not fit.rejected, (f"{impl.name}: statistical verdict -- its tokens do not follow the processed "
+    assert not fit.rejected, (f"{impl.name} ({what}): statistical verdict -- its tokens do not follow the processed "
                               f"distribution: {fit.describe()}; this test detects TV {DELTA} with power {POWER}")
 
 

@@ -59,9 +59,9 @@ def goodness_of_fit(samples: list[Hashable], exact: dict[Hashable, float]) -> Fi
     counts = Counter(samples)
     n = len(samples)
     cells = sorted(exact, key=repr)
-    observed = [counts.get(c, 0) for c in cells]
-    expected = [n * exact[c] for c in cells]
-    statistic, p_value = stats.chisquare(observed, expected)
     impossible = {c: k for c, k in counts.items() if exact.get(c, 0.0) == 0.0}
+    observed = [counts.get(c, 0) for c in cells]
+    expected = [sum(observed) * exact[c] for c in cells]  # over the possible outputs: an impossible one rejects alone
+    statistic, p_value = stats.chisquare(observed, expected) if sum(observed) else (float("inf"), 0.0)
     tvd = 0.5 * sum(abs(counts.get(c, 0) / n - exact.get(c, 0.0)) for c in set(exact) | set(counts))
     return Fit(n, float(statistic), float(p_value), impossible, tvd)

@@ -152,11 +152,12 @@ def without_repetition_penalty(case: SamplingCase) -> SamplingCase:
 
 
 # The whole parameter grid at V = 8: every combination of these values on one row of logits with ties at the
-# top-k and top-p boundaries, a -inf token, and a history that meets positive and negative logits.
+# top-k and top-p boundaries, a -inf token, and a history that meets positive and negative logits (-0.5 and -1:
+# CTRL's penalty multiplies a negative logit, which moves one of magnitude below 1 the other way from a division).
 GRID = {"temperature": (0.0, 0.5, 1.0, 2.0), "top_k": (0, 1, 3, 8), "top_p": (0.5, 0.9, 1.0), "min_p": (0.0, 0.2),
         "penalties": ({}, {"repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.25})}
-GRID_LOGITS = [1.0, 2.0, 2.0, 0.5, -1.0, -torch.inf, 2.0, 2.5]
-GRID_HISTORY = {"prompt_tokens": (1, 4), "output_tokens": (2, 2, 7, 4)}
+GRID_LOGITS = [1.0, 2.0, 2.0, -0.5, -1.0, -torch.inf, 2.0, 2.5]
+GRID_HISTORY = {"prompt_tokens": (1, 3, 4), "output_tokens": (2, 2, 7, 4)}
 
 
 def parameter_grid(supported: tuple[str, ...] = PARAMS) -> tuple[torch.Tensor, SamplingParams]:
