@@ -32,7 +32,7 @@ from pathlib import Path
 from llm_inference_harness.bench import asvrun, compare
 from llm_inference_harness.bench import results as results_paths
 from llm_inference_harness.bench.results import COLUMNS
-from llm_inference_harness.engine import inputs, outputs, provenance
+from llm_inference_harness.engine import environment, inputs, outputs, provenance
 
 ROOT = provenance.ROOT
 RESULTS = results_paths.COMMITTED
@@ -298,6 +298,7 @@ def main() -> int:
     nm.add_argument("--python", help="the interpreter version to record where a path was (default: this one's)")
     args = parser.parse_args()
     try:
+        environment.check()
         if args.what == "backfill":
             return backfill(args.commits, args.branch, args.bench, args.results, args.since, _backfill_args(args),
                             args.commit)

@@ -196,7 +196,7 @@ def _check_chunk(technique, profile, limit_s, properties, chunk, jobs) -> Iterat
         started = time.perf_counter()
         results = runner.check(technique, targets, profile=profile, properties=list(properties) or None, jobs=jobs,
                                shrink=False,
-                               limits=isolation.Limits(total_s=limit_s, start_s=runner.IMPORT_LIMIT_S))
+                               limits=isolation.Limits(total_s=limit_s, start_s=runner.import_limit_s()))
         seconds = (time.perf_counter() - started) * min(jobs, len(chunk)) / len(chunk)  # core-seconds per unit
     for u, r in zip(chunk, results, strict=True):
         yield UnitResult(u.key, [{"property": v.property, "status": v.status, "message": v.message.split("\n")[0]}

@@ -30,8 +30,11 @@ def checkout() -> Path | None:
 
 def output_root() -> Path:
     """HARNESS_OUT, else results/local of the checkout (git-ignored), else ./harness-results."""
-    if os.environ.get("HARNESS_OUT"):
-        return Path(os.environ["HARNESS_OUT"]).resolve()
+    from llm_inference_harness.engine import environment  # not at the top: environment -> inputs -> provenance
+
+    chosen = environment.value("HARNESS_OUT")
+    if chosen is not None:
+        return chosen.resolve()
     root = checkout()
     return root / "results" / "local" if root else Path.cwd() / "harness-results"
 
