@@ -296,6 +296,8 @@ def _valid_outputs(args: argparse.Namespace) -> None:
     """Every path the command will write, checked now rather than when a long run ends
     (llm_inference_harness.engine.outputs)."""
     _valid_json_path(getattr(args, "json", None))
+    if getattr(args, "machine_made", None) is not None:
+        outputs.check_folder(args.machine_made, "--machine-made")
     if args.command == "run":
         _valid_results_folder()
     if args.command == "report":
