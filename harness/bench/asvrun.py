@@ -187,7 +187,7 @@ def _signature(path: Path) -> tuple[int, int]:
 
 def _remove_abandoned(results: Path) -> None:
     """The staging folders of runs of ``results`` whose harness process is gone (killed mid-run)."""
-    prefix = STAGING.format(name=results.name, pid="")
+    prefix = STAGING.format(name=results.name, pid="").removesuffix("-")
     for folder in results.parent.glob(f"{prefix}*"):
         pid = folder.name.removeprefix(prefix).partition("-")[0]
         if pid.isdigit() and not _alive(int(pid)):

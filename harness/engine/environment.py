@@ -11,6 +11,10 @@ Set by the harness itself for the processes it starts, and not meant to be set b
 HARNESS_EXAMPLE_DB_SCOPE (the implementation a Hypothesis example belongs to) and HARNESS_UNIT_PROFILE (a Ray
 worker pool's profile).  The test suite's own switches (HARNESS_SUITE_ISOLATED, HARNESS_CLUSTER_TESTS) are
 conftest.py's and .ci/run's.
+
+UsageError, the base of every bad-input error, is defined here, below everything (llm_inference_harness.engine.inputs,
+where the readers of files live, re-exports it): provenance reads HARNESS_OUT through this module, and inputs imports
+provenance.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_inference_harness.engine.inputs import UsageError
-
 DEVICES = ("cpu", "cuda")
+
+
+class UsageError(Exception):
+    """Bad input to a command -- an argument, a path, a file it reads: printed as one line, exit code 2."""
 
 
 class BadVariable(UsageError):
