@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from llm_inference_harness.contracts import load_techniques
-from llm_inference_harness.engine import outputs, profiles, provenance, runner
+from llm_inference_harness.engine import environment, outputs, profiles, provenance, runner
 from llm_inference_harness.engine import scale as scale_out
 from llm_inference_harness.engine.inputs import VERDICTS_SCHEMA, UsageError
 from llm_inference_harness.engine.registry import (
@@ -185,9 +185,14 @@ def _scale(args) -> scale_out.Scale:
 def validate(args: argparse.Namespace) -> None:
     """UsageError naming the first bad argument and what it expects (compare and gate check their own commits and
     patterns: llm_inference_harness.bench.compare.validate)."""
-    for concern in (_example_db, _profile, _valid_counts, _valid_names, _valid_entry_points, _valid_reproduce,
-                    _valid_sections, _valid_outputs):
+    for concern in (_environment, _example_db, _profile, _valid_counts, _valid_names, _valid_entry_points,
+                    _valid_reproduce, _valid_sections, _valid_outputs):
         concern(args)
+
+
+def _environment(args: argparse.Namespace) -> None:
+    """Every HARNESS_* variable that is set (llm_inference_harness.engine.environment), before anything reads one."""
+    environment.check()
 
 
 def _example_db(args: argparse.Namespace) -> None:
@@ -291,6 +296,8 @@ def _valid_outputs(args: argparse.Namespace) -> None:
     """Every path the command will write, checked now rather than when a long run ends
     (llm_inference_harness.engine.outputs)."""
     _valid_json_path(getattr(args, "json", None))
+    if getattr(args, "machine_made", None) is not None:
+        outputs.check_folder(args.machine_made, "--machine-made")
     if args.command == "run":
         _valid_results_folder()
     if args.command == "report":

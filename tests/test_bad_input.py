@@ -475,3 +475,156 @@ def test_check_killed_at_random_moments_never_leaves_a_partial_json(tmp_path):
         forker.stdin.close()
         forker.wait(timeout=60)
     assert "previous" in outcomes, f"no kill landed before the write ({outcomes}): the test says nothing"
+
+
+# --- the environment ------------------------------------------------------------------------------------------
+BAD_ENVIRONMENT = [  # (variable, value, what the one line must say besides "NAME='VALUE': expected")
+    ("HARNESS_IMPORT_LIMIT_S", "abc", "a number of seconds > 0"),
+    ("HARNESS_IMPORT_LIMIT_S", "-1", "a number of seconds > 0"),
+    ("HARNESS_IMPORT_LIMIT_S", "0", "a number of seconds > 0"),
+    ("HARNESS_PER_IMPL_LIMIT_S", "", "a number of seconds > 0"),
+    ("HARNESS_PER_IMPL_LIMIT_S", "inf", "a number of seconds > 0"),
+    ("HARNESS_MEMORY_LIMIT_GB", "nan", "a number of GiB > 0"),
+    ("HARNESS_MEMORY_LIMIT_GB", "4GB", "a number of GiB > 0"),
+    ("HARNESS_DEVICES", "gpu", "a comma-separated list of cpu, cuda"),
+    ("HARNESS_DEVICES", "", "a comma-separated list of cpu, cuda"),
+    ("HARNESS_DEVICES", "cpu,", "a comma-separated list of cpu, cuda"),
+    ("HARNESS_OUT", "", "a folder"),
+    ("HARNESS_ENTRY_POINTS", "a,,b", "comma-separated names"),
+    ("HARNESS_TRUSTED_IN_PROCESS", "yes", "0 or 1"),
+    ("HARNESS_EXAMPLE_DB", "localhost:6379", "redis://HOST:PORT/DB"),
+    ("HARNESS_EXAMPLE_DB_WRITE", "true", "0 or 1"),
+    ("HARNESS_EXAMPLE_DB_LOCAL", " ", "a folder"),
+]
+
+
+@pytest.mark.parametrize("command", [["check", "attention", "--impl", "naive"], ["run"], ["report"], ["list"]],
+                         ids=lambda c: c[0])
+@pytest.mark.parametrize("name, value, says", BAD_ENVIRONMENT, ids=[f"{n}={v!r}" for n, v, _ in BAD_ENVIRONMENT])
+def test_a_bad_environment_variable_is_one_line_and_exit_2_before_any_work(name, value, says, command, no_work,
+                                                                          monkeypatch):
+    monkeypatch.setenv(name, value)
+    before = files_under(no_work)
+    code, out, err = invoke(command)
+    assert_usage_error(code, out, err, f"{name}={value!r}: expected {says}", command)
+    assert files_under(no_work) == before
+
+
+@pytest.mark.parametrize("name, value", [("HARNESS_IMPORT_LIMIT_S", "5"), ("HARNESS_PER_IMPL_LIMIT_S", "0.5"),
+                                         ("HARNESS_MEMORY_LIMIT_GB", "1e3"), ("HARNESS_DEVICES", "cpu,cuda"),
+                                         ("HARNESS_TRUSTED_IN_PROCESS", "0"), ("HARNESS_EXAMPLE_DB_WRITE", "1")])
+def test_a_good_environment_variable_reaches_the_work(name, value, no_work, monkeypatch):
+    monkeypatch.setenv(name, value)
+    assert invoke(["check", "attention", "--impl", "naive"])[0] == "work"
+
+
+def test_the_variables_are_read_when_used_with_their_documented_defaults(monkeypatch):
+    """Nothing reads one at import (a bad value would be a traceback before the command line could name it): the
+    readers read it each time, validated, and unset means the default README.md documents."""
+    from llm_inference_harness.engine import devices, environment, isolation
+
+    for name in environment.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert (runner.import_limit_s(), isolation.Limits().total_s, devices.only()) == (180.0, 900.0, ())
+    assert not runner.trusted_in_process()
+    monkeypatch.setenv("HARNESS_IMPORT_LIMIT_S", "7.5")
+    monkeypatch.setenv("HARNESS_MEMORY_LIMIT_GB", "2")
+    assert (runner.import_limit_s(), isolation.Limits().memory_bytes) == (7.5, 2 * 2**30)
+    for name, reader in [("HARNESS_IMPORT_LIMIT_S", runner.import_limit_s), ("HARNESS_PER_IMPL_LIMIT_S",
+                         isolation.Limits), ("HARNESS_MEMORY_LIMIT_GB", isolation.default_memory_limit)]:
+        monkeypatch.setenv(name, "nan")
+        with pytest.raises(environment.BadVariable, match=f"^{name}='nan': expected a number"):
+            reader()
+    monkeypatch.setenv("HARNESS_OUT", "")
+    with pytest.raises(environment.BadVariable, match="^HARNESS_OUT='': expected a folder"):
+        provenance.output_root()
+
+
+# --- asv's results written whole ------------------------------------------------------------------------------
+ASV_FILE = "vm/abcdef12-env.json"
+_ASV_WRITER = """
+import sys
+from asv.util import write_json  # how asv writes a result file: open(path, "w"), then one json.dump
+path = sys.argv[1]
+n = 0
+while True:
+    n += 1
+    write_json(path, {"n": n, "pad": "x" * 4_000_000, "whole": True}, api_version=2, compact=True)
+"""
+
+
+def _asv_results(tmp_path: Path) -> Path:
+    results = tmp_path / "asv"
+    (results / "vm").mkdir(parents=True)
+    (results / "vm" / "machine.json").write_text('{"machine": "vm", "version": 1}')
+    (results / ASV_FILE).write_text('{"previous": true}')
+    return results
+
+
+def test_asv_killed_mid_write_leaves_the_previous_results_file_or_the_new_one(tmp_path):
+    """asv's own writer (asv.util.write_json, in place) writing a 4 MB result over and over into the staging folder
+    of llm_inference_harness.bench.asvrun, SIGKILLed at random moments: the file kept is the previous one (asv's copy
+    was torn: not kept) or a whole new one, never part of one, and no staging folder is left."""
+    results, rng, outcomes = _asv_results(tmp_path), random.Random(0), []
+    for _ in range(5):
+        with asvrun.staged(results, "vm") as stage:
+            staged = stage / ASV_FILE
+            assert staged.read_text() == (results / ASV_FILE).read_text()  # asv merges a run into the commit's file
+            before = staged.stat().st_mtime_ns
+            proc = subprocess.Popen([sys.executable, "-c", _ASV_WRITER, str(staged)])
+            deadline = time.monotonic() + 60
+            while staged.stat().st_mtime_ns == before and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.2))
+            proc.kill()
+            proc.wait()
+        document = json.loads((results / ASV_FILE).read_text())
+        assert document.get("whole") is True or document == {"previous": True}, document
+        outcomes.append("new" if document.get("whole") else "previous")
+        (results / ASV_FILE).write_text('{"previous": true}')
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["asv"], "a staging folder was left"
+    assert "previous" in outcomes, f"no kill landed mid-write ({outcomes}): the test says nothing"
+
+
+_KILLED_HARNESS = """
+import sys, time
+from pathlib import Path
+from llm_inference_harness.bench import asvrun
+with asvrun.staged(Path(sys.argv[1]), "vm") as stage:
+    (stage / "vm" / "abcdef12-env.json").write_text('{"new": tr')  # asv mid-write when the harness is killed
+    print("writing", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_harness_killed_during_asv_leaves_the_results_folder_as_it_was(tmp_path):
+    """Killed while asv runs: the results folder is untouched; the next asv call removes the abandoned staging
+    folder (its process gone) and keeps nothing from it."""
+    results = _asv_results(tmp_path)
+    before = {p: p.read_bytes() for p in files_under(results)}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_HARNESS, str(results)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "writing\n"
+    proc.kill()
+    proc.wait()
+    assert {p: p.read_bytes() for p in files_under(results)} == before
+    assert len([p for p in tmp_path.iterdir() if p.name != "asv"]) == 1  # the killed run's staging folder
+    with asvrun.staged(results, "vm"):
+        assert len(list(tmp_path.iterdir())) == 2  # the abandoned one removed, this call's own there
+    assert [p.name for p in tmp_path.iterdir()] == ["asv"]
+    assert {p: p.read_bytes() for p in files_under(results)} == before
+
+
+def test_the_mutants_log_reads_past_a_torn_last_line_and_appends_after_cutting_it(tmp_path):
+    """results.jsonl (machine-made mutants, resumable) is appended a line per record: a run killed mid-append
+    leaves a torn last line, which a resumed run leaves out (that unit is judged again) and cuts off."""
+    from llm_inference_harness.engine import mutation
+
+    log = tmp_path / "results.jsonl"
+    log.write_text('{"key": 1}\n{"key": 2}\n{"key": 3, "verd')
+    assert mutation.read_results(log) == [{"key": 1}, {"key": 2}]
+    mutation._append(log, {"key": 3})
+    assert log.read_text() == '{"key": 1}\n{"key": 2}\n{"key": 3}\n'
+    assert mutation.read_results(log) == [{"key": 1}, {"key": 2}, {"key": 3}]
+    log.write_text('{"key": 1}\nnot json\n{"key": 2}\n')
+    with pytest.raises(inputs.BadFile, match=r"results.jsonl: line 2 is not a JSON record"):
+        mutation.read_results(log)

@@ -5,12 +5,24 @@ llm_inference_harness.bench.results) and a temporary home holding a machine file
 own name (``provenance.asv_machine()``), so neither results/<machine>/ nor ~/.asv-machine.json is written unless a
 caller points asv there on purpose (the history backfill).
 
+asv writes its result files itself, in place (asv.util.write_json: open, truncate, dump), so a run killed mid-write
+would leave a partial <commit>-<env>.json that every later report, dashboard and history rejects.  So asv never
+writes where the results are kept: each call gets a staging folder beside the results folder (`staged`: same
+filesystem, a name no reader globs), holding copies of what asv reads back from there (this machine's machine.json
+and result files: asv merges a run into the commit's existing file).  When asv ends, every file it wrote or changed
+that parses whole (a torn JSON document never does: asv killed mid-write leaves a file that is not kept, and is
+named) is moved into the results folder with os.replace (llm_inference_harness.engine.outputs.move), and the staging
+folder is removed.  A harness killed while asv runs leaves the results folder as it was; its staging folder, whose
+name holds the harness's pid, is removed by the next call once that process is gone.  What the killed run measured is
+lost, as it would be with asv alone (asv saves a commit's results once, when that commit is done).
+
 QUICK is the main job's quick pass (the headline ratios; llm_inference_harness.bench.history's backfill measures the
 same cases over main's history), GATE the regression gate's cases (fast ``time_`` benchmarks, one per technique).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,11 +30,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from llm_inference_harness.bench import results as results_paths
-from llm_inference_harness.engine import inputs, provenance
+from llm_inference_harness.engine import inputs, outputs, provenance
 
 ROOT = provenance.ROOT
 
@@ -110,10 +123,15 @@ def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int =
     asv keeps its machines in ~/.asv-machine.json (asv's docs, "Machine information"); asv runs here with a
     temporary HOME holding this machine's file, so the user's is never read or written.  The caches under the
     real home (pip, Triton's compiled kernels) stay where they are."""
+    machine = provenance.asv_machine()
+    with staged(results, machine["machine"]) as staging:
+        return _asv(args, staging, html or results.parent / "html", machine, nice, config)
+
+
+def _asv(args: list[str], results: Path, html: Path, machine: dict, nice: int, config: dict) -> int:
     conf = json.loads((ROOT / "asv.conf.json").read_text())
     conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), env_dir=str(ROOT / ".asv" / "env"),
-                results_dir=str(results), html_dir=str(html or results.parent / "html"), **config)
-    machine = provenance.asv_machine()
+                results_dir=str(results), html_dir=str(html), **config)
     real_home = Path.home()
     with tempfile.TemporaryDirectory(prefix="harness-asv-") as home:
         (Path(home) / "asv.conf.json").write_text(json.dumps(conf, indent=2))
@@ -124,6 +142,66 @@ def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int =
         if args[0] in ("run", "continuous"):
             cmd += ["--machine", machine["machine"]]
         return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT, env=env).returncode
+
+
+STAGING = ".{name}.asv-staging-{pid}-"  # beside the results folder: what asv writes, until it is whole
+
+
+@contextlib.contextmanager
+def staged(results: Path, machine: str) -> Iterator[Path]:
+    """A folder for asv to write ``results`` into (see the module's docstring): beside it, holding copies of its
+    benchmarks.json and ``machine``'s files; when the block ends, however it ends, each file asv wrote or changed
+    there that parses whole is moved into ``results``, and the folder is removed."""
+    results.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(results)
+    stage = Path(tempfile.mkdtemp(prefix=STAGING.format(name=results.name, pid=os.getpid()), dir=results.parent))
+    try:
+        for source in [results / "benchmarks.json", *sorted((results / machine).glob("*.json"))]:
+            if source.is_file():
+                (stage / source.relative_to(results)).parent.mkdir(exist_ok=True)
+                shutil.copy2(source, stage / source.relative_to(results))
+        before = {p: _signature(p) for p in stage.rglob("*") if p.is_file()}
+        try:
+            yield stage
+        finally:
+            torn = []
+            for path in sorted(p for p in stage.rglob("*") if p.is_file()):
+                if before.get(path) == _signature(path):
+                    continue
+                try:
+                    inputs.read_json(path, "a JSON document written by asv")
+                except inputs.BadFile as exc:
+                    torn.append(str(exc))
+                    continue
+                outputs.move(path, results / path.relative_to(stage))
+            if torn:
+                print(f"asv left files that are not whole; not kept: {'; '.join(torn)}", file=sys.stderr)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _signature(path: Path) -> tuple[int, int]:
+    status = path.stat()
+    return status.st_size, status.st_mtime_ns
+
+
+def _remove_abandoned(results: Path) -> None:
+    """The staging folders of runs of ``results`` whose harness process is gone (killed mid-run)."""
+    prefix = STAGING.format(name=results.name, pid="").removesuffix("-")
+    for folder in results.parent.glob(f"{prefix}*"):
+        pid = folder.name.removeprefix(prefix).partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def suite(refresh: bool = False) -> dict:
@@ -142,8 +220,8 @@ def suite(refresh: bool = False) -> dict:
             if not found.is_file():
                 raise RuntimeError(f"asv could not discover the benchmark suite (exit {rc})")
             path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(found, path)
-        stamp.write_text(here)
+            outputs.write_bytes(path, found.read_bytes())
+        outputs.write_text(stamp, here)  # after the suite: a run killed between leaves the old stamp (rediscovered)
     return inputs.asv_benchmarks(path)
 
 

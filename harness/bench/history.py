@@ -32,7 +32,7 @@ from pathlib import Path
 from llm_inference_harness.bench import asvrun, compare
 from llm_inference_harness.bench import results as results_paths
 from llm_inference_harness.bench.results import COLUMNS
-from llm_inference_harness.engine import inputs, outputs, provenance
+from llm_inference_harness.engine import environment, inputs, outputs, provenance
 
 ROOT = provenance.ROOT
 RESULTS = results_paths.COMMITTED
@@ -253,7 +253,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
           f"{len(done & set(commits))} of {len(commits)} done before) "
           f"into {folder}", flush=True)
     if not done:
-        done_file.write_text(stamp + "\n")
+        outputs.write_text(done_file, stamp + "\n")
     started = time.perf_counter()
     for k, sha in enumerate(todo):
         t = time.perf_counter()
@@ -267,7 +267,7 @@ def backfill(n: int = 48, branch: str = "main", bench: str | None = None, result
         if path.exists():
             document = merge(inputs.asv_result(path), document)
         outputs.write_text(path, json.dumps(document, sort_keys=True) + "\n")
-        with done_file.open("a") as f:
+        with done_file.open("a") as f:  # a resume log: a line torn by a kill matches no commit (measured again)
             f.write(sha + "\n")
         ran = sum("samples" in m for m in measured.values())
         eta = (time.perf_counter() - started) / (k + 1) * (len(todo) - k - 1)
@@ -298,6 +298,7 @@ def main() -> int:
     nm.add_argument("--python", help="the interpreter version to record where a path was (default: this one's)")
     args = parser.parse_args()
     try:
+        environment.check()
         if args.what == "backfill":
             return backfill(args.commits, args.branch, args.bench, args.results, args.since, _backfill_args(args),
                             args.commit)

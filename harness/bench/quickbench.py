@@ -19,7 +19,7 @@ import time
 
 from llm_inference_harness.bench import results as results_paths
 from llm_inference_harness.bench.asvrun import FULL, GATE, QUICK, ROOT, asv, local_results, regex
-from llm_inference_harness.engine import outputs, provenance
+from llm_inference_harness.engine import environment, outputs, provenance
 
 
 def run_quick(bench: str | None = None, *, full: bool = False) -> int:
@@ -83,6 +83,7 @@ def main() -> int:
     from llm_inference_harness.engine.inputs import UsageError
 
     try:
+        environment.check()
         check_pattern(args.bench)
         outputs.check_folder(provenance.output_root(), "the results folder", parents=True)
         return run_quick(args.bench, full=args.what == "full")

@@ -1,8 +1,9 @@
 """The checking engine: the registry and capabilities, the runner, the isolation of children, the boundary
 between the judge and the implementation's process (boundary, callserver, wire, zygote), the guard around calls;
 where results go (outputs: every result file checked before the work starts and written whole; inputs: every
-file the harness reads back, validated, each error naming the file and what is wrong with it) and where they come
-from (provenance: machine, commit, output folder); how the work of a check is cut into units (technique x
+file the harness reads back, validated, each error naming the file and what is wrong with it; environment: the
+HARNESS_* variables, one table, each validated before work starts) and where they come from (provenance: machine,
+commit, output folder); how the work of a check is cut into units (technique x
 implementation x property, and mutants), where the units run (this machine's forked children, a shard of a CI
 matrix, a Ray cluster), how their verdicts come back together, and the example database Hypothesis shares between
 runs; and runs built from many checks (mutation: machine-made mutants of impls/ and the README's example plugins,
@@ -11,8 +12,8 @@ each judged by its technique's check, scored per technique and per implementatio
 Layers, bottom first (tests/test_structure.py holds the exact table; a module imports its own layer and those
 below, never above):
   core -- capabilities, devices, tolerance, isolation, guard (with the proxies of objects in an implementation's
-      process, which it calls), profiles, progress, memory, provenance, inputs, outputs, exampledb, wire: imports
-      numerics only.
+      process, which it calls), profiles, progress, memory, provenance, inputs, outputs, environment, exampledb, wire:
+      imports numerics only.
   boundary -- above models and sampling (a call may carry the harness's generator); in the child it forks it
       hands over to the call server (the one lazy import that points up, listed in tests/test_structure.py).
   registry, plugins -- above contracts: the registry validates a declaration against its technique's

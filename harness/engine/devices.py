@@ -4,16 +4,19 @@ HARNESS_DEVICES (a comma-separated list, e.g. "cuda") narrows that further: a GP
 its short time on the CUDA cases alone, the CPU ones being CI's.
 """
 
-import os
-
 import torch
 
-ONLY = tuple(d for d in os.environ.get("HARNESS_DEVICES", "").split(",") if d)
+from llm_inference_harness.engine import environment
+
+
+def only() -> tuple[str, ...]:
+    """The devices HARNESS_DEVICES narrows the cases to; () for every device present."""
+    return environment.value("HARNESS_DEVICES")
 
 
 def available(declared: tuple[str, ...]) -> tuple[str, ...]:
     here = tuple(d for d in declared if d == "cpu" or (d == "cuda" and torch.cuda.is_available()))
-    return tuple(d for d in here if d in ONLY) if ONLY else here
+    return tuple(d for d in here if d in only()) if only() else here
 
 
 def unavailable_reason(impl) -> str | None:
@@ -22,5 +25,5 @@ def unavailable_reason(impl) -> str | None:
         return impl.unavailable
     if available(impl.devices):
         return None
-    narrowed = f" (HARNESS_DEVICES={','.join(ONLY)})" if ONLY else ""
+    narrowed = f" (HARNESS_DEVICES={','.join(only())})" if only() else ""
     return f"declares devices {impl.devices}, none available here{narrowed}"

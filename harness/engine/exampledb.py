@@ -30,6 +30,8 @@ from datetime import timedelta
 
 from hypothesis.database import ExampleDatabase
 
+from llm_inference_harness.engine import environment
+
 URL = "HARNESS_EXAMPLE_DB"
 WRITE = "HARNESS_EXAMPLE_DB_WRITE"
 LOCAL = "HARNESS_EXAMPLE_DB_LOCAL"
@@ -76,9 +78,9 @@ def from_environment() -> ExampleDatabase | None:
 
     from llm_inference_harness.engine.provenance import output_root
 
-    shared = RedisExampleDatabase(connect(os.environ[URL]), expire_after=EXPIRE_AFTER, key_prefix=KEY_PREFIX)
-    local = DirectoryBasedExampleDatabase(os.environ.get(LOCAL) or str(output_root() / "examples"))
-    writes_shared = os.environ.get(WRITE, "") not in ("", "0")
+    shared = RedisExampleDatabase(connect(environment.value(URL)), expire_after=EXPIRE_AFTER, key_prefix=KEY_PREFIX)
+    local = DirectoryBasedExampleDatabase(str(environment.value(LOCAL) or output_root() / "examples"))
+    writes_shared = environment.value(WRITE)
     return Scoped(MultiplexedDatabase(shared if writes_shared else ReadOnlyDatabase(shared), local))
 
 

@@ -13,16 +13,13 @@ import json
 import os
 from pathlib import Path
 
+from llm_inference_harness.engine.environment import UsageError as UsageError  # defined there, below provenance
 from llm_inference_harness.engine.provenance import SCHEMA_VERSION as VERDICTS_VERSION
 
 VERDICTS_SCHEMA = "llm-inference-harness/verdicts"  # docs/verdicts.md
 STATUSES = ("pass", "FAIL", "skip", "upstream", "stale")
 ASV_RESULTS_VERSION = 2  # asv's result and benchmarks.json format
 ASV_MACHINE_VERSION = 1
-
-
-class UsageError(Exception):
-    """Bad input to a command -- an argument, a path, a file it reads: printed as one line, exit code 2."""
 
 
 class BadFile(UsageError):

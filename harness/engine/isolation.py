@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_inference_harness.engine import environment
+
 GRACE_S = 3.0  # after a call's own limit: the alarm inside the call gets the first chance
 TERM_WAIT_S = 1.0  # between SIGTERM and SIGKILL
 OUTPUT_SHOWN = 2000  # characters of a child's captured output that a verdict quotes
@@ -39,15 +41,21 @@ POLL_S = 0.05
 def default_memory_limit() -> int:
     """Bytes a child may add to its address space: HARNESS_MEMORY_LIMIT_GB, else half the machine's RAM,
     at most 16 GiB (two children at once still leave the machine its memory)."""
-    if os.environ.get("HARNESS_MEMORY_LIMIT_GB"):
-        return int(float(os.environ["HARNESS_MEMORY_LIMIT_GB"]) * 2**30)
+    gib = environment.value("HARNESS_MEMORY_LIMIT_GB")
+    if gib is not None:
+        return max(1, int(gib * 2**30))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(16 * 2**30, ram // 2)
 
 
+def per_impl_limit_s() -> float:
+    """Seconds a whole job may take: HARNESS_PER_IMPL_LIMIT_S, else 900."""
+    return environment.value("HARNESS_PER_IMPL_LIMIT_S")
+
+
 @dataclass(frozen=True)
 class Limits:
-    total_s: float = float(os.environ.get("HARNESS_PER_IMPL_LIMIT_S", "900"))  # a whole job
+    total_s: float = field(default_factory=per_impl_limit_s)  # a whole job
     start_s: float | None = None  # until the job's first message (a check: importing and registering the plugin)
     memory_bytes: int = field(default_factory=default_memory_limit)
 

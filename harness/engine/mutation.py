@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llm_inference_harness.engine import isolation, runner
+from llm_inference_harness.engine import inputs, isolation, outputs, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_CHECK = re.compile(r"harness check (\w+) --plugin docs/examples/(\w+\.py):(\w+)")
@@ -196,7 +196,7 @@ def _check_chunk(technique, profile, limit_s, properties, chunk, jobs) -> Iterat
         started = time.perf_counter()
         results = runner.check(technique, targets, profile=profile, properties=list(properties) or None, jobs=jobs,
                                shrink=False,
-                               limits=isolation.Limits(total_s=limit_s, start_s=runner.IMPORT_LIMIT_S))
+                               limits=isolation.Limits(total_s=limit_s, start_s=runner.import_limit_s()))
         seconds = (time.perf_counter() - started) * min(jobs, len(chunk)) / len(chunk)  # core-seconds per unit
     for u, r in zip(chunk, results, strict=True):
         yield UnitResult(u.key, [{"property": v.property, "status": v.status, "message": v.message.split("\n")[0]}
@@ -320,14 +320,32 @@ def outcome(record: dict, broken: set[str] = frozenset()) -> str:
 
 
 def read_results(path: Path) -> list[dict]:
+    """The records of an append-only log (results.jsonl, runs.jsonl), one JSON object a line.  A record is whole
+    once its newline is written (`_append`): a last line without one -- a run killed mid-append -- is left out (its
+    unit is judged again on resume); any other line that is not a record is a BadFile naming the file and line."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    *whole, _torn = path.read_text().split("\n")
+    records = []
+    for n, line in enumerate(whole, 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise inputs.BadFile(path, f"line {n} is not a JSON record ({exc.msg})") from None
+    return records
 
 
 def _append(path: Path, record: dict) -> dict:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    """One record, one line, in one write; a torn last line that a killed run left is cut off first, so that a
+    record never follows one cut short on its line."""
+    line = (json.dumps(record) + "\n").encode()
+    with path.open("ab+") as f:
+        end = f.seek(0, 2)
+        if end and (f.seek(end - 1), f.read(1))[1] != b"\n":
+            f.seek(0)
+            f.truncate(f.read().rfind(b"\n") + 1)
+        f.write(line)
     return record
 
 
@@ -445,7 +463,9 @@ def planned(path: Path, all_subjects: list[Subject]) -> list[Mutation]:
     """The mutations of an earlier run's plan.json (to judge the same mutants again after a fix)."""
     by_path = {s.path: s for s in all_subjects}
     chosen = []
-    for key in json.loads(path.read_text())["mutations"]:
+    plan = inputs.read_json(path, "a machine-made mutants run's plan.json")
+    inputs.require(path, plan, {"mutations": list})
+    for key in plan["mutations"]:
         mutation, name = key.rsplit("@", 1)
         file, op, k = mutation.rsplit(":", 2)
         if file in by_path:
@@ -464,7 +484,7 @@ def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40
     all_subjects = subjects(techniques)
     chosen = planned(plan, all_subjects) if plan else sample(all_subjects, per_stratum, seed)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps({"seed": seed, "per_stratum": per_stratum, "profile": profile,
+    outputs.write_text(out / "plan.json", json.dumps({"seed": seed, "per_stratum": per_stratum, "profile": profile,
                                                "from": str(plan or ""),
                                                "mutations": [m.id + "@" + m.judged[1] for m in chosen]}, indent=1))
     started, before = time.perf_counter(), len(read_results(out / "results.jsonl"))
@@ -475,10 +495,10 @@ def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40
                                      "jobs": jobs, **provenance.run_info(profile)})
     summary = summarize(records, triage(TRIAGE))
     runs = read_results(out / "runs.jsonl")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    outputs.write_text(out / "summary.json", json.dumps(summary, indent=1))
     title = f"the mutants of {plan}" if plan else f"{per_stratum} per folder, seed {seed}"
     text = report(summary, title=f"Machine-made mutants: {title}, profile {profile}",
                   seconds=sum(r["seconds"] for r in runs), units=sum(r["units"] for r in runs))
-    (out / "report.md").write_text(text)
+    outputs.write_text(out / "report.md", text)
     log(text)
     return 0 if all(r["score"] is None or r["score"] >= GOAL for r in summary["techniques"].values()) else 1

@@ -10,12 +10,15 @@ creates and removes one, which also catches a read-only filesystem that permissi
 Every result file is written through `replacing`: a temporary name in the destination's own folder, flushed
 to disk, then renamed over the destination (os.replace, one rename(2) on one filesystem).  A run killed at any
 moment leaves the previous file or the new one, never part of one.  A write that fails (the disk full, the
-folder gone) raises OutputError naming the path and the reason.
+folder gone) raises OutputError naming the path and the reason.  A file another program wrote whole in a folder of
+its own on the same filesystem (asv's results: llm_inference_harness.bench.asvrun) is put in place by `move`, the
+same rename.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -120,3 +123,21 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 def write_json(path: str | os.PathLike, document: object) -> Path:
     """``document`` as indented JSON (tuples and sets as lists), serialized before anything is written."""
     return write_text(path, json.dumps(document, indent=2, default=list) + "\n")
+
+
+def move(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """``source``, a finished file, put in ``path``'s place (its folder created) by one rename after it is on disk,
+    with the mode ``replacing`` gives; from another filesystem it is copied through ``replacing``."""
+    source, path = Path(source), Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(source, _mode(path))
+        with open(source, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(source, path)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        write_bytes(path, source.read_bytes())
+        source.unlink()
+    return path

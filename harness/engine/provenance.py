@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from llm_inference_harness.engine import environment
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = 1
 
@@ -30,8 +32,9 @@ def checkout() -> Path | None:
 
 def output_root() -> Path:
     """HARNESS_OUT, else results/local of the checkout (git-ignored), else ./harness-results."""
-    if os.environ.get("HARNESS_OUT"):
-        return Path(os.environ["HARNESS_OUT"]).resolve()
+    chosen = environment.value("HARNESS_OUT")
+    if chosen is not None:
+        return chosen.resolve()
     root = checkout()
     return root / "results" / "local" if root else Path.cwd() / "harness-results"
 

@@ -18,14 +18,13 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from llm_inference_harness.contracts import technique as get_technique
-from llm_inference_harness.engine import isolation
+from llm_inference_harness.engine import environment, isolation
 from llm_inference_harness.engine.devices import unavailable_reason
 from llm_inference_harness.engine.guard import hang_message
 from llm_inference_harness.engine.inputs import UsageError
@@ -340,12 +339,14 @@ TRUSTED_IN_PROCESS = "HARNESS_TRUSTED_IN_PROCESS"
 
 
 def trusted_in_process() -> bool:
-    return os.environ.get(TRUSTED_IN_PROCESS) == "1"
+    return environment.value(TRUSTED_IN_PROCESS)
 
 
 # Importing a plugin and registering it (torch, transformers, a JIT build) takes seconds; a module that sleeps
 # or blocks at import is stopped here, not at the per-implementation limit of its whole check.
-IMPORT_LIMIT_S = float(os.environ.get("HARNESS_IMPORT_LIMIT_S", "180"))
+def import_limit_s() -> float:
+    """HARNESS_IMPORT_LIMIT_S, else 180 (llm_inference_harness.engine.environment)."""
+    return environment.value("HARNESS_IMPORT_LIMIT_S")
 
 
 def _run(technique, targets, names, jobs, progress, limits, job, profile) -> list[ImplResult]:
@@ -369,7 +370,7 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
             if payload.get("fault") == "command":  # the spec names nothing loadable: stop everything, as for a typo
                 raise UsageError(f"--plugin {target.plugin}: {payload['exception']}")
 
-    limits = limits or isolation.Limits(start_s=IMPORT_LIMIT_S + 10)  # the judge's own wait on the import ends first
+    limits = limits or isolation.Limits(start_s=import_limit_s() + 10)  # the judge's own wait on the import ends first
     outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
                                  on_tick=progress.tick)
     for target, outcome in outcomes.items():
@@ -538,7 +539,7 @@ def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
     process = PluginProcess.start(load, capture=isolation.capture_path(), memory_bytes=isolation.memory_limit(),
                                   one_thread=one_thread, spawn=spawn)
     try:
-        started = process.hello(IMPORT_LIMIT_S)
+        started = process.hello(import_limit_s())
     except LoadFailed as exc:
         process.close()
         raise LoadError(f"loading {target.label} failed: {exc}", exc.failure) from None
