@@ -628,3 +628,13 @@ def test_the_mutants_log_reads_past_a_torn_last_line_and_appends_after_cutting_i
     log.write_text('{"key": 1}\nnot json\n{"key": 2}\n')
     with pytest.raises(inputs.BadFile, match=r"results.jsonl: line 2 is not a JSON record"):
         mutation.read_results(log)
+
+
+def test_a_bad_variable_is_pytests_usage_error_in_another_projects_session(tmp_path):
+    """The pytest plugin checks the HARNESS_* variables as the command line does: one line, exit 4 (pytest's usage
+    error), no test run and no traceback."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention",
+                          "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HARNESS_TRUSTED_IN_PROCESS": "yes"})
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert "HARNESS_TRUSTED_IN_PROCESS='yes': expected 0 or 1" in run.stderr and "Traceback" not in run.stderr

@@ -72,9 +72,14 @@ class PropertyModule(pytest.Module):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from llm_inference_harness.engine import environment
     from llm_inference_harness.engine.profiles import load
     from llm_inference_harness.engine.runner import trusted_in_process
 
+    try:
+        environment.check()  # a bad HARNESS_* value: pytest's one-line usage error, before any test
+    except environment.BadVariable as exc:
+        raise pytest.UsageError(str(exc)) from None
     if config.getoption("--harness-impl"):
         _downstream(config)
     if not (config.getoption("--harness-trusted-in-process") or trusted_in_process()):
