@@ -243,3 +243,21 @@ def test_overview_keeps_machines_apart_and_marks_only_significant_steps(tmp_path
     assert [p[1:4] for p in panel["series"][0]["points"]] == [[1.0, 0.99, 1.01], [1.2, 1.19, 1.21], [1.21, 1.2, 1.22]]
     assert [(s["x"], s["compare"]["verdict"]) for s in panel["steps"]] == [(1, "higher")]
     assert data["graphs"][1]["panels"][0]["steps"] == []
+
+
+def test_a_failed_publish_leaves_the_previous_dashboard(tmp_path, monkeypatch):
+    """The dashboard is built beside its folder and put in place whole: asv failing leaves the old one as it was."""
+    from llm_inference_harness.bench import dashboard
+
+    html = tmp_path / "html"
+    html.mkdir()
+    (html / "index.html").write_text("the previous dashboard")
+    run = subprocess.run  # asv publish fails; every other command runs
+
+    def failing_publish(command, *args, **kwargs):
+        return subprocess.CompletedProcess(command, 3) if "publish" in command else run(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", failing_publish)
+    assert dashboard.publish(html) == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["html"]  # no staging folder left beside it
+    assert (html / "index.html").read_text() == "the previous dashboard"

@@ -53,11 +53,27 @@ SIGNIFICANT = {"slower", "faster", "worse", "better", "higher", "lower"}
 def publish(html_dir: Path | None = None, results: list[Path] | None = None) -> int:
     """``asv publish`` of the machines found in ``results`` (folders holding <machine>/*.json; default the
     committed results/) into ``html_dir`` (default results_paths.html()), vendored for offline use, with our
-    overview as its index.html."""
+    overview as its index.html.  Built beside ``html_dir`` and put in its place whole (provenance.staged): a
+    publish that fails or is killed leaves the previous dashboard as it was."""
     html_dir = html_dir or results_paths.html()
     results = results or [results_paths.COMMITTED]
     suite = asvrun.suite()
     read_inputs(results)
+    try:
+        with provenance.staged(html_dir) as stage:
+            _build(stage, results, suite)
+    except _AsvFailed as failed:
+        return failed.rc
+    return 0
+
+
+class _AsvFailed(Exception):
+    def __init__(self, rc: int):
+        super().__init__(f"asv publish exited {rc}")
+        self.rc = rc
+
+
+def _build(html_dir: Path, results: list[Path], suite: dict) -> None:
     with tempfile.TemporaryDirectory(prefix="harness-dashboard-") as tmp:
         merged = Path(tmp) / "results"
         merged.mkdir()
@@ -71,13 +87,13 @@ def publish(html_dir: Path | None = None, results: list[Path] | None = None) -> 
         (Path(tmp) / "asv.conf.json").write_text(json.dumps(config))
         rc = subprocess.run([sys.executable, "-m", "asv", "publish", "--config", str(Path(tmp) / "asv.conf.json")],
                             cwd=ROOT).returncode
-    if rc == 0:
-        (html_dir / "index.html").rename(html_dir / "asv.html")
-        vendorize(html_dir)
-        data = overview(results, suite, recorded_steps())
-        outputs.write_text(html_dir / "overview-data.js", f"window.HARNESS_OVERVIEW = {json.dumps(data)};\n")
-        shutil.copy(ASSETS / "overview.html", html_dir / "index.html")
-    return rc
+    if rc:
+        raise _AsvFailed(rc)
+    (html_dir / "index.html").rename(html_dir / "asv.html")
+    vendorize(html_dir)
+    data = overview(results, suite, recorded_steps())
+    outputs.write_text(html_dir / "overview-data.js", f"window.HARNESS_OVERVIEW = {json.dumps(data)};\n")
+    shutil.copy(ASSETS / "overview.html", html_dir / "index.html")
 
 
 def read_inputs(results: list[Path]) -> None:
