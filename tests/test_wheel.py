@@ -3,12 +3,14 @@ temporary folder (torch and the other heavy dependencies are borrowed from this 
 run our attention properties against a downstream package's kernel with pytest's normal reporting.  Nothing may be
 written into site-packages."""
 
+import functools
 import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -109,9 +111,7 @@ def test_our_properties_run_in_a_downstream_pytest_session(installed):
              "matches_reference or rejects_bad_input or empty_shapes", cwd=project)
     assert ok.returncode == 0 and " passed" in ok.stdout, ok.stdout[-3000:] + ok.stderr[-2000:]
     assert "3 passed" in ok.stdout, ok.stdout[-2000:]
-    bad = run(python, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention", "--harness-impl",
-              "attention=my_pkg.kernels:forgets_the_scale", "-q", "-p", "no:cacheprovider", "-k", "matches_reference",
-              cwd=project)
+    bad = judged(installed)
     failed = "FAILED" in bad.stdout and "test_matches_reference[attention/forgets_the_scale]" in bad.stdout
     assert bad.returncode == 1 and failed, bad.stdout[-3000:]
     assert files_under(site) == before, "running the properties wrote into site-packages"
@@ -122,6 +122,29 @@ def test_our_properties_run_in_a_downstream_pytest_session(installed):
     again = run(python, "-m", "llm_inference_harness", *command.group(1).split(), "--no-shrink", cwd=project)
     assert again.returncode == 1 and "FAIL" in again.stdout, again.stdout[-3000:]
     assert _case(again.stdout) == _case(bad.stdout), "the reproduce command replays another example"
+
+
+@functools.cache
+def judged(installed) -> subprocess.CompletedProcess:
+    """One downstream session judging two kernels, a right one and one that forgets the scale, with a JUnit report
+    (judged.xml in the project's folder)."""
+    python, site, project = installed
+    return run(python, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention", "--harness-impl",
+               "attention=my_pkg.kernels:forgets_the_scale", "--harness-impl", "attention=my_pkg.kernels:attention",
+               "-q", "-p", "no:cacheprovider", "-k", "matches_reference", "--junitxml", "judged.xml", cwd=project)
+
+
+def test_a_junit_report_tells_the_implementations_apart(installed):
+    """A CI dashboard groups testcases by classname: it names the property module (pytest's own would be empty for a
+    module in site-packages), the name carries technique/implementation."""
+    python, site, project = installed
+    judged(installed)
+    cases = {case.get("name"): case for case in ElementTree.parse(project / "judged.xml").iter("testcase")}
+    assert set(cases) == {"test_matches_reference[attention/attention]",
+                          "test_matches_reference[attention/forgets_the_scale]"}, cases
+    assert {case.get("classname") for case in cases.values()} == {"llm_inference_harness.properties.test_attention"}
+    assert cases["test_matches_reference[attention/forgets_the_scale]"].find("failure") is not None
+    assert cases["test_matches_reference[attention/attention]"].find("failure") is None
 
 
 def _case(text: str) -> str:

@@ -60,8 +60,18 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
 
 def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     if module_path.resolve().parent == _properties_folder():
-        return PropertyModule.from_parent(parent, path=module_path)
+        return PropertyModule.from_parent(parent, path=module_path, nodeid=_node_id(module_path, parent.config))
     return None
+
+
+def _node_id(module_path: Path, config: pytest.Config) -> str | None:
+    """A module collected from outside the rootdir (site-packages, ``--pyargs``) would get an empty node id -- test
+    ids ``::test_x[...]``, and an empty JUnit classname, which leaves a CI dashboard one undivided list: it gets its
+    path in the package instead (``llm_inference_harness/properties/test_attention.py``, JUnit classname
+    ``llm_inference_harness.properties.test_attention``).  In a checkout pytest's own id stands."""
+    if module_path.resolve().is_relative_to(config.rootpath.resolve()):
+        return None
+    return f"llm_inference_harness/properties/{module_path.name}"
 
 
 class PropertyModule(pytest.Module):
@@ -226,14 +236,15 @@ def _advise_the_harness_command(exc: BaseException, technique: str, spec: str, p
     """Hypothesis ends a failure with "add @reproduce_failure(...) as a decorator on your test function": the
     test function is ours, in site-packages.  A downstream user gets the harness's command that replays the
     example instead (and rerunning the same pytest command finds it again: the ci profile is derandomized)."""
-    from llm_inference_harness.engine.runner import failure_blob, reproduce_command
+    from llm_inference_harness.engine.runner import reproduce_commands
 
-    blob = failure_blob(exc)
+    lines = reproduce_commands(technique, "", prop, profile, spec, exc).splitlines()  # one per distinct failure
     for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
         notes = getattr(sub, "__notes__", None)
         if notes is not None:
             notes[:] = [n for n in notes if "@reproduce_failure" not in n]
-    exc.add_note(f"Reproduce: {reproduce_command(technique, '', prop, profile, spec, blob)}")
+    for i, line in enumerate(lines, 1):
+        exc.add_note(f"Reproduce{f' failure {i} of {len(lines)}' if len(lines) > 1 else ''}: {line}")
 
 
 def _technique_of(module: str) -> str | None:

@@ -111,8 +111,7 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
         verdict = Verdict(
             impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
             counterexample=counterexample(exc) or "\n".join(map(str, printed)).strip(),
-            reproduce=reproduce_command(impl.technique, impl.name, prop.name, profile, plugin,
-                                        failure_blob(exc) or blob),
+            reproduce=reproduce_commands(impl.technique, impl.name, prop.name, profile, plugin, exc, blob),
             seconds=time.perf_counter() - start, margin=_margin(exc),
         )
         if known:
@@ -183,6 +182,15 @@ def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin
     return line + (f" --reproduce {blob}" if blob else "")
 
 
+def reproduce_commands(technique: str, impl: str, prop: str, profile: str, plugin: str | None, exc: BaseException,
+                       blob: str | None = None) -> str:
+    """A failure's reproduce line, or one line per distinct failure where Hypothesis found several (an
+    ExceptionGroup), in the order `counterexample` numbers them, each replaying its own example; ``blob``, the
+    example replayed, where the exception printed none."""
+    blobs = list(dict.fromkeys(failure_blobs(exc))) or [blob]
+    return "\n".join(reproduce_command(technique, impl, prop, profile, plugin, b) for b in blobs)
+
+
 def first_line(exc: BaseException) -> str:
     from llm_inference_harness.engine.guard import BoundaryFailure
 
@@ -214,12 +222,19 @@ def counterexample(exc: BaseException) -> str:
 
 def failure_blob(exc: BaseException) -> str | None:
     """``VERSION:BLOB`` of the first ``@reproduce_failure(...)`` Hypothesis printed (profiles with print_blob)."""
+    return next(iter(failure_blobs(exc)), None)
+
+
+def failure_blobs(exc: BaseException) -> list[str]:
+    """``VERSION:BLOB`` of each ``@reproduce_failure(...)`` Hypothesis printed, one per distinct failure."""
+    found = []
     for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
         for n in getattr(sub, "__notes__", []):
             m = re.search(r"@reproduce_failure\('([^']+)', b'([^']+)'\)", n)
             if m:
-                return f"{m.group(1)}:{m.group(2)}"
-    return None
+                found.append(f"{m.group(1)}:{m.group(2)}")
+                break
+    return found
 
 
 def _margin(exc: BaseException) -> float | None:

@@ -36,8 +36,9 @@ def print_matrix(technique: str, results: list[runner.ImplResult], props: list[r
                 say("  " + v.counterexample.replace("\n", "\n  "))
             if v.output:
                 say("  output of the implementation:", "    " + v.output.strip().replace("\n", "\n    "))
-            if v.reproduce:
-                say(f"  reproduce: {v.reproduce}")
+            lines = v.reproduce.splitlines()  # one per distinct failure Hypothesis found
+            for i, line in enumerate(lines, 1):
+                say(f"  reproduce{f' failure {i} of {len(lines)}' if len(lines) > 1 else ''}: {line}")
     not_run: dict[tuple[str, str], list[str]] = {}  # (implementation, why) -> the properties never reached
     for v in verdicts:
         if v.status == "FAIL" and v.message.startswith(NOT_RUN):
