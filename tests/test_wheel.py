@@ -38,6 +38,13 @@ def attention(q, k, v, *, causal=False, scale=None):
 @declare(dtypes=("float32", "float64"))
 def forgets_the_scale(q, k, v, *, causal=False, scale=None):
     return attention(q, k, v, causal=causal, scale=1.0)
+
+
+@declare(dtypes=("float32", "float64"))
+def two_ways(q, k, v, *, causal=False, scale=None):  # raises when causal, returns zeros otherwise
+    if causal:
+        raise RuntimeError("causal is not supported")
+    return torch.zeros_like(attention(q, k, v, causal=causal, scale=scale))
 '''
 
 
@@ -126,12 +133,29 @@ def test_our_properties_run_in_a_downstream_pytest_session(installed):
 
 @functools.cache
 def judged(installed) -> subprocess.CompletedProcess:
-    """One downstream session judging two kernels, a right one and one that forgets the scale, with a JUnit report
-    (judged.xml in the project's folder)."""
+    """One downstream session judging three kernels -- one that forgets the scale, a right one, one that fails two
+    ways -- with a JUnit report (judged.xml in the project's folder)."""
     python, site, project = installed
-    return run(python, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention", "--harness-impl",
-               "attention=my_pkg.kernels:forgets_the_scale", "--harness-impl", "attention=my_pkg.kernels:attention",
+    kernels = [a for name in ("forgets_the_scale", "attention", "two_ways")
+               for a in ("--harness-impl", f"attention=my_pkg.kernels:{name}")]
+    return run(python, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention", *kernels,
                "-q", "-p", "no:cacheprovider", "-k", "matches_reference", "--junitxml", "judged.xml", cwd=project)
+
+
+def failure_of(stdout: str, kernel: str) -> str:
+    """The section pytest prints for the failure of test_matches_reference against ``kernel``."""
+    sections = re.split(r"\n_{3,} (\S+) _{3,}\n", stdout)
+    return dict(zip(sections[1::2], sections[2::2], strict=True))[f"test_matches_reference[attention/{kernel}]"]
+
+
+def test_a_failure_names_its_contract_rule_and_each_distinct_failure_its_reproduce_line(installed):
+    """Under the plugin as under `harness check` (tests/test_failure_report.py)."""
+    python, site, project = installed
+    shown = failure_of(judged(installed).stdout, "two_ways")
+    assert "Contract: the attention contract's output rule: " in shown, shown[-3000:]
+    assert "ExceptionGroup" in shown or "distinct failures" in shown, shown[-3000:]
+    lines = re.findall(r"Reproduce failure (\d) of 2: harness (check .*--reproduce \S+)", shown)
+    assert [n for n, _ in lines] == ["1", "2"] and lines[0][1] != lines[1][1], shown[-3000:]
 
 
 def test_a_junit_report_tells_the_implementations_apart(installed):
@@ -140,8 +164,8 @@ def test_a_junit_report_tells_the_implementations_apart(installed):
     python, site, project = installed
     judged(installed)
     cases = {case.get("name"): case for case in ElementTree.parse(project / "judged.xml").iter("testcase")}
-    assert set(cases) == {"test_matches_reference[attention/attention]",
-                          "test_matches_reference[attention/forgets_the_scale]"}, cases
+    assert set(cases) == {f"test_matches_reference[attention/{name}]"
+                          for name in ("attention", "forgets_the_scale", "two_ways")}, cases
     assert {case.get("classname") for case in cases.values()} == {"llm_inference_harness.properties.test_attention"}
     assert cases["test_matches_reference[attention/forgets_the_scale]"].find("failure") is not None
     assert cases["test_matches_reference[attention/attention]"].find("failure") is None

@@ -226,10 +226,20 @@ def pytest_runtest_call(item: pytest.Item):
         try:
             return (yield)
         except BaseException as exc:
+            if technique and isinstance(exc, Exception):  # a failure (not a skip): which promise the property judges
+                _cite_the_contract(exc, technique, item.originalname.removeprefix("test_"))
             if spec:
                 _advise_the_harness_command(exc, technique, spec, item.originalname.removeprefix("test_"),
                                             item.config.stash[_PROFILE])
             raise
+
+
+def _cite_the_contract(exc: BaseException, technique: str, prop: str) -> None:
+    from llm_inference_harness.engine.runner import contract_rules
+
+    rules = contract_rules(technique, prop)
+    if rules:
+        exc.add_note(f"Contract: {rules}")
 
 
 def _advise_the_harness_command(exc: BaseException, technique: str, spec: str, prop: str, profile: str) -> None:

@@ -109,7 +109,8 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
             prop.fn(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
         verdict = Verdict(
-            impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
+            impl.name, prop.name, "FAIL",
+            message=citing_rules(impl.technique, prop.name, hang_message(impl.fn) or first_line(exc)),
             counterexample=counterexample(exc) or "\n".join(map(str, printed)).strip(),
             reproduce=reproduce_commands(impl.technique, impl.name, prop.name, profile, plugin, exc, blob),
             seconds=time.perf_counter() - start, margin=_margin(exc),
@@ -173,6 +174,17 @@ def _installed(library: str) -> str:
         return f"{library} {version(library)}"
     except PackageNotFoundError:
         return f"{library} (version unknown)"
+
+
+def contract_rules(technique: str, prop: str) -> str:
+    """The clauses of the technique's contract that property ``prop`` judges, in words (harness/contracts: `Rule`)."""
+    return "; ".join(r.cite(technique) for r in get_technique(technique).rules_of(prop))
+
+
+def citing_rules(technique: str, prop: str, message: str) -> str:
+    """A failure's message, followed by the contract rules its property judges: which promise broke."""
+    rules = contract_rules(technique, prop)
+    return f"{message} [{rules}]" if rules else message
 
 
 def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin: str | None,
