@@ -3,6 +3,7 @@ terminal, then the implementation x property matrix with each failure, its examp
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -13,21 +14,15 @@ MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip", "upstream": "upstr", "st
 NOT_RUN = "not run:"  # the message of a property its implementation's process never reached
 
 
-def print_matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], out) -> None:
+def print_matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], out, *,
+                 detail: bool = False, matrix: bool = True) -> None:
+    """The matrix (unless not ``matrix``: `harness run` leaves it to the JSON and ``-v``), each failure in full, the
+    skips one line per reason with its count (``detail``: one line per property and reason), and a summary line."""
     def say(*lines: str) -> None:
         print(*lines, sep="\n", file=out)
 
-    cell = {(r.name, v.property): v for r in results for v in r.verdicts}
-    width = max([len(r.name) for r in results] + [14])
-    say(f"\n{technique}: implementation x property\n", *(f"  [{n}] {p.name}" for n, p in enumerate(props)))
-    say(f"\n  {'':<{width}} " + " ".join(f"{f'[{n}]':>5}" for n in range(len(props))))
-    for r in results:
-        row = [MARK[cell[(r.name, p.name)].status] if (r.name, p.name) in cell else "?" for p in props]
-        mutant = "   (mutant)" if r.info.get("mutant") else ""
-        say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
-    declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
-    if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
-        say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
+    if matrix:
+        _matrix(technique, results, props, say)
     verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
         if v.status in ("FAIL", "stale", "upstream") and not v.message.startswith(NOT_RUN):
@@ -46,14 +41,53 @@ def print_matrix(technique: str, results: list[runner.ImplResult], props: list[r
     for (impl, why), props_left in not_run.items():
         named = ", ".join(props_left[:3]) + (f" and {len(props_left) - 3} more" if len(props_left) > 3 else "")
         say(f"\nNOT RUN {impl}: {len(props_left)} properties ({named}): {why}")
-    for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
-        say(f"skip {prop}: {why}")
+    if detail:
+        for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
+            say(f"skip {prop}: {why}")
+    elif reasons := skip_reasons(verdicts):
+        say(*reasons)
     count = {s: sum(v.status == s for v in verdicts) for s in MARK}
     unreached = sum(map(len, not_run.values()))
-    say(f"\n{count['pass']} passed, {count['FAIL'] - unreached} failed, {count['skip']} skipped"
+    say(("\n" if matrix else f"{technique} ({len(results)} implementations x {len(props)} properties): ")
+        + f"{count['pass']} passed, {count['FAIL'] - unreached} failed, {count['skip']} skipped"
         + (f", {unreached} not run" if unreached else "")
         + (f", {count['upstream']} known upstream failures" if count["upstream"] else "")
         + (f", {count['stale']} stale upstream records" if count["stale"] else ""))
+
+
+def _matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], say) -> None:
+    cell = {(r.name, v.property): v for r in results for v in r.verdicts}
+    width = max([len(r.name) for r in results] + [14])
+    say(f"\n{technique}: implementation x property\n", *(f"  [{n}] {p.name}" for n, p in enumerate(props)))
+    say(f"\n  {'':<{width}} " + " ".join(f"{f'[{n}]':>5}" for n in range(len(props))))
+    for r in results:
+        row = [MARK[cell[(r.name, p.name)].status] if (r.name, p.name) in cell else "?" for p in props]
+        mutant = "   (mutant)" if r.info.get("mutant") else ""
+        say(f"  {r.name:<{width}} " + " ".join(f"{c:>5}" for c in row) + mutant)
+    declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
+    if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
+        say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
+
+
+def skip_reasons(verdicts: list[runner.Verdict]) -> list[str]:
+    """One line per reason a property was skipped, most frequent first, with how many skips, implementations and
+    properties it covers.  A reason is the skip's message without the implementation's name in front (``X does not
+    declare 'triton'``) and without a closing remark in parentheses, which may vary per property; the line quotes the
+    first message in full."""
+    groups: dict[str, list[runner.Verdict]] = {}
+    for v in verdicts:
+        if v.status == "skip":
+            groups.setdefault(_reason(v), []).append(v)
+    lines = []
+    for group in sorted(groups.values(), key=lambda g: (-len(g), _reason(g[0]))):
+        impls, props = len({v.impl for v in group}), len({v.property for v in group})
+        lines.append(f"skip {len(group):>3}: {group[0].message.removeprefix(f'{group[0].impl} ')} -- "
+                     f"{impls} implementation{'s' * (impls > 1)} x {props} propert{'ies' if props > 1 else 'y'}")
+    return lines
+
+
+def _reason(v: runner.Verdict) -> str:
+    return re.sub(r" \([^()]* [^()]*\)$", "", v.message.removeprefix(f"{v.impl} "))
 
 
 def report_load_errors() -> None:
@@ -62,15 +96,18 @@ def report_load_errors() -> None:
 
 
 class Printer(runner.Progress):
-    """Progress of a check: a line per finished (implementation, property) with its time and the technique's
-    ETA when the output is not a terminal (logs), a live bar that keeps failures and notes above it on one."""
+    """Progress of a check: a live bar on a terminal, which keeps failures and notes above it; elsewhere (a log) a
+    line with the count and the technique's ETA at most every EVERY_S seconds, and each failure as it comes.
+    ``verbose``: a line per finished (implementation, property) with its time.  ``quiet`` (mutants, where a failure
+    is a kill): no failure lines."""
 
     SLOW_S = 30.0  # a property still running after this long says so, with what its process reported
+    EVERY_S = 30.0
 
-    def __init__(self, technique: str, total: int, out, quiet: bool = False) -> None:
-        self.technique, self.total, self.out, self.quiet = technique, total, out, quiet
+    def __init__(self, technique: str, total: int, out, quiet: bool = False, verbose: bool = False) -> None:
+        self.technique, self.total, self.out, self.quiet, self.verbose = technique, total, out, quiet, verbose
         self.done, self.started_at, self.running, self.warned = 0, time.monotonic(), {}, set()
-        self.bar = None
+        self.bar, self.said_at = None, self.started_at
 
     def __enter__(self) -> Printer:
         if self.out.isatty() and self.total:
@@ -102,9 +139,15 @@ class Printer(runner.Progress):
             self.bar.update(1)
             if verdict.status == "FAIL" and not self.quiet and not unreached:
                 self._say(f"  FAIL {verdict.impl} / {verdict.property} ({verdict.seconds:.1f} s)")
-        elif (not self.quiet or verdict.status == "FAIL") and not unreached:
+        elif unreached:
+            pass
+        elif self.verbose and (not self.quiet or verdict.status == "FAIL") or (
+                verdict.status == "FAIL" and not self.quiet):
             self._say(f"  [{self.technique} {self.done}/{self.total}, ETA {_duration(eta)}] {verdict.impl} / "
                       f"{verdict.property}: {verdict.status} ({verdict.seconds:.1f} s)")
+        elif time.monotonic() - self.said_at >= self.EVERY_S and self.done < self.total:
+            self.said_at = time.monotonic()
+            self._say(f"  [{self.technique} {self.done}/{self.total}, ETA {_duration(eta)}]")
 
     def note(self, target, text: str) -> None:
         self._say(f"  note {target.label}: {text}")
