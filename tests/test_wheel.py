@@ -3,12 +3,13 @@ temporary folder (torch and the other heavy dependencies are borrowed from this 
 run our attention properties against a downstream package's kernel with pytest's normal reporting.  Nothing may be
 written into site-packages."""
 
+import email
 import functools
 import re
 import shutil
 import subprocess
 import sys
-import sysconfig
+import zipfile
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -63,20 +64,55 @@ def install(tmp: Path) -> list[str]:
                 src)
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next((tmp / "dist").glob("llm_inference_harness-*.whl"))
-    assert run(sys.executable, "-m", "venv", tmp / "venv").returncode == 0
-    python = tmp / "venv" / "bin" / "python"
-    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
-    (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch & co.
+    slim_site(wheel, tmp / "slim")
+    python, site = fresh_venv(tmp / "venv", tmp / "slim")
     done = run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel)
     assert done.returncode == 0, done.stderr[-3000:]
-    script = python.with_name("pytest")  # pytest's console script, as pip writes it (pytest itself is borrowed)
-    script.write_text(f"#!{python}\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n")
-    script.chmod(0o755)
     project = tmp / "downstream"
     (project / "my_pkg").mkdir(parents=True)
     (project / "my_pkg" / "__init__.py").write_text("")
     (project / "my_pkg" / "kernels.py").write_text(KERNELS)
     return [str(python), str(site), str(project)]
+
+
+def fresh_venv(folder: Path, slim: Path) -> tuple[Path, Path]:
+    """(python, site-packages) of a new virtual environment whose dependencies are borrowed from ``slim`` (no
+    download), with pytest's console script, as pip writes it (pytest itself is borrowed)."""
+    assert run(sys.executable, "-m", "venv", folder).returncode == 0
+    python = folder / "bin" / "python"
+    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    (site / "borrowed_dependencies.pth").write_text(f"{slim}\n")  # torch & co.
+    script = python.with_name("pytest")
+    script.write_text(f"#!{python}\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n")
+    script.chmod(0o755)
+    return python, site
+
+
+def slim_site(wheel: Path, folder: Path) -> None:
+    """Links, in ``folder``, to what this environment holds of the distributions the wheel requires without an extra,
+    and of theirs: what `pip install llm-inference-harness` installs, and nothing of the test or bench tools -- the
+    properties run on the base install alone (README, *In your own CI*)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as z:
+        metadata = email.message_from_bytes(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))))
+    wanted, seen = [Requirement(r) for r in metadata.get_all("Requires-Dist")], set()
+    folder.mkdir()
+    while wanted:
+        req = wanted.pop()
+        if req.name.lower() in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(req.name.lower())
+        try:
+            dist = distribution(req.name)
+        except PackageNotFoundError:  # a conditional dependency this environment does without
+            continue
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
+            if not (folder / top).exists() and (dist.locate_file(top)).exists():
+                (folder / top).symlink_to(dist.locate_file(top))
+        wanted += [Requirement(r) for r in dist.requires or ()]
 
 
 @pytest.fixture(scope="module")
