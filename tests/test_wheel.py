@@ -5,6 +5,7 @@ written into site-packages."""
 
 import email
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -222,3 +223,39 @@ def test_check_runs_from_the_wheel_and_writes_nothing_into_site_packages(install
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert (project / "verdicts.json").is_file()
     assert files_under(site) == before
+
+
+def downstream_lines() -> list[str]:
+    """The command lines of README.md's block that starts ``# in your project's folder`` (*In your own CI*)."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [m.group(1) for m in re.finditer(r"^```bash\n(.*?)^```", text, re.S | re.M)]
+    block = next(b for b in blocks if b.startswith("# in your project's folder"))
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_example_project_passes_the_readme_lines_as_its_ci_runs_them(installed, tmp_path):
+    """examples/downstream/ in a fresh environment that holds the base install's dependencies alone: the README's
+    lines, as written, install the wheel (pip finds it in a local folder: PIP_NO_INDEX, PIP_FIND_LINKS) and the
+    package, and judge its kernel; the example's workflow and README carry the same lines.  (About 25 s, 15 of CPU.)"""
+    lines = downstream_lines()
+    example = ROOT / "examples" / "downstream"
+    workflow = (example / ".github" / "workflows" / "ci.yml").read_text()
+    assert [line for line in lines if f"run: {line}\n" not in workflow] == [], workflow
+    assert [line for line in lines if f"\n{line}\n" not in (example / "README.md").read_text()] == []
+    python, site, project = installed
+    tmp = python.parents[2]  # tmp/venv/bin/python: the folder of the wheel (dist) and of the base install (slim)
+    venv_python, _ = fresh_venv(tmp_path / "venv", tmp / "slim")
+    # the venv's own setuptools (Python 3.11's bundled 65) cannot build a wheel without `wheel`; the borrowed one can
+    assert run(venv_python, "-m", "pip", "uninstall", "-y", "-q", "setuptools").returncode == 0
+    shutil.copytree(example, tmp_path / "project")
+    env = {**os.environ, "PATH": f"{venv_python.parent}{os.pathsep}{os.environ['PATH']}",
+           "VIRTUAL_ENV": str(venv_python.parents[1]), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp / "dist"),
+           "PIP_NO_BUILD_ISOLATION": "0"}  # pip's spelling of --no-build-isolation in the environment
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path / "project", env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    cases = list(ElementTree.parse(tmp_path / "project" / "harness.xml").iter("testcase"))
+    assert len(cases) > 5, cases
+    assert {c.get("classname") for c in cases} == {"llm_inference_harness.properties.test_attention"}
+    assert [c.get("name") for c in cases if c.find("failure") is not None or c.find("error") is not None] == []
