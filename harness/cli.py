@@ -501,7 +501,7 @@ def cmd_run(args) -> int:
         from llm_inference_harness.bench.quickbench import run_quick
 
         print("\n=== quick benchmark pass and dashboard ===", flush=True)
-        rc = run_quick()
+        rc = run_quick(quiet=not args.verbose)
         summary.append(("quick benchmarks + dashboard", "ok" if rc == 0 else "FAILED"))
         status |= rc
     if not args.no_report:

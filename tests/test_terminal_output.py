@@ -93,3 +93,22 @@ def test_run_prints_a_summary_of_a_technique(tmp_path):
     assert any(re.fullmatch(r"attention_backward +\d+ mutants: \d+ killed", line) for line in shown), shown
     assert not any(" / matches_reference: pass" in line for line in shown), shown
     assert (tmp_path / "verdicts" / "attention_backward.json").is_file()  # the detail, in the JSON
+
+
+def test_known_upstream_failures_are_a_line_per_record_and_in_full_with_detail():
+    record = "known upstream failure of lib 1.0 (lib 1.0 installed): it rounds twice"
+    verdicts = [runner.Verdict("lib_impl", prop, "upstream", message=f"{record}; this run: AssertionError: off",
+                               counterexample="case\n\nminimal reproduction:\nimport lib\nlib.f()")
+                for prop in ("matches_reference", "rows_are_batch_invariant")]
+    found = [runner.ImplResult(runner.Target("attention", name="lib_impl"), {"name": "lib_impl"}, verdicts)]
+    props = [runner.Property(p, lambda impl: None, "m") for p in PROPS]
+
+    def shown(**kw) -> str:
+        out = io.StringIO()
+        print_matrix("attention", found, props, out, **kw)
+        return out.getvalue()
+
+    brief = shown(matrix=False)
+    assert f"upstr lib_impl: 2 properties (matches_reference, rows_are_batch_invariant): {record}\n" in brief, brief
+    assert "minimal reproduction" not in brief, brief
+    assert shown(matrix=False, detail=True).count("minimal reproduction:\n  import lib") == 2

@@ -11,6 +11,7 @@ same cases over main's history), GATE the regression gate's cases (fast ``time_`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -103,7 +104,8 @@ def local_results() -> Path:
     return results_paths.local()
 
 
-def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int = 0, **config) -> int:
+def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int = 0, log: Path | None = None,
+        **config) -> int:
     """``asv ARGS`` with a temporary configuration (results_dir ``results``, html_dir ``html``, ``config``
     overriding asv.conf.json) and this machine, named by its hardware, as the only one asv knows.
 
@@ -123,7 +125,9 @@ def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int =
         cmd = [sys.executable, "-m", "asv", *args, "--config", str(Path(home) / "asv.conf.json")]
         if args[0] in ("run", "continuous"):
             cmd += ["--machine", machine["machine"]]
-        return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT, env=env).returncode
+        with open(log, "w") if log else contextlib.nullcontext() as out:  # ``log``: its output there, not here
+            return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT if log else None).returncode
 
 
 def suite(refresh: bool = False) -> dict:

@@ -17,7 +17,9 @@ NOT_RUN = "not run:"  # the message of a property its implementation's process n
 def print_matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], out, *,
                  detail: bool = False, matrix: bool = True) -> None:
     """The matrix (unless not ``matrix``: `harness run` leaves it to the JSON and ``-v``), each failure in full, the
-    skips one line per reason with its count (``detail``: one line per property and reason), and a summary line."""
+    known upstream failures one line per implementation and record, the skips one line per reason with its count
+    (``detail``: each upstream failure in full with its minimal reproduction, one skip line per property and
+    reason), and a summary line."""
     def say(*lines: str) -> None:
         print(*lines, sep="\n", file=out)
 
@@ -25,7 +27,8 @@ def print_matrix(technique: str, results: list[runner.ImplResult], props: list[r
         _matrix(technique, results, props, say)
     verdicts = [v for r in results for v in r.verdicts]
     for v in verdicts:
-        if v.status in ("FAIL", "stale", "upstream") and not v.message.startswith(NOT_RUN):
+        shown = v.status in ("FAIL", "stale") or v.status == "upstream" and detail  # upstream: one line, below
+        if shown and not v.message.startswith(NOT_RUN):
             say(f"\n{v.status.upper()} {v.impl} / {v.property}: {v.message}")
             if v.counterexample:
                 say("  " + v.counterexample.replace("\n", "\n  "))
@@ -34,6 +37,14 @@ def print_matrix(technique: str, results: list[runner.ImplResult], props: list[r
             lines = v.reproduce.splitlines()  # one per distinct failure Hypothesis found
             for i, line in enumerate(lines, 1):
                 say(f"  reproduce{f' failure {i} of {len(lines)}' if len(lines) > 1 else ''}: {line}")
+    upstream: dict[tuple[str, str], list[str]] = {}  # (implementation, its record) -> the properties it failed
+    for v in verdicts:
+        if v.status == "upstream" and not detail:
+            upstream.setdefault((v.impl, v.message.split("; this run:")[0]), []).append(v.property)
+    if upstream:
+        say("", *(f"upstr {impl}: {len(names)} propert{'ies' if len(names) > 1 else 'y'} ({', '.join(names[:2])}"
+                  f"{' and more' if len(names) > 2 else ''}): {record[:160]}{'...' if len(record) > 160 else ''}"
+                  for (impl, record), names in upstream.items()))
     not_run: dict[tuple[str, str], list[str]] = {}  # (implementation, why) -> the properties never reached
     for v in verdicts:
         if v.status == "FAIL" and v.message.startswith(NOT_RUN):
