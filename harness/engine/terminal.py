@@ -83,8 +83,8 @@ def _matrix(technique: str, results: list[runner.ImplResult], props: list[runner
 def skip_reasons(verdicts: list[runner.Verdict]) -> list[str]:
     """One line per reason a property was skipped, most frequent first, with how many skips, implementations and
     properties it covers.  A reason is the skip's message without the implementation's name in front (``X does not
-    declare 'triton'``) and without a closing remark in parentheses, which may vary per property; the line quotes the
-    first message in full."""
+    declare 'triton'``) or behind (``...; X declares ('group',)``) and without a closing remark in parentheses, which
+    may vary per property; the line quotes the message where the group's are all the same, else that reason."""
     groups: dict[str, list[runner.Verdict]] = {}
     for v in verdicts:
         if v.status == "skip":
@@ -92,13 +92,15 @@ def skip_reasons(verdicts: list[runner.Verdict]) -> list[str]:
     lines = []
     for group in sorted(groups.values(), key=lambda g: (-len(g), _reason(g[0]))):
         impls, props = len({v.impl for v in group}), len({v.property for v in group})
-        lines.append(f"skip {len(group):>3}: {group[0].message.removeprefix(f'{group[0].impl} ')} -- "
+        said = {v.message.removeprefix(f"{v.impl} ") for v in group}
+        lines.append(f"skip {len(group):>3}: {said.pop() if len(said) == 1 else _reason(group[0])} -- "
                      f"{impls} implementation{'s' * (impls > 1)} x {props} propert{'ies' if props > 1 else 'y'}")
     return lines
 
 
 def _reason(v: runner.Verdict) -> str:
-    return re.sub(r" \([^()]* [^()]*\)$", "", v.message.removeprefix(f"{v.impl} "))
+    said = re.sub(rf"; {re.escape(v.impl)} declares .*$", "", v.message.removeprefix(f"{v.impl} "))
+    return re.sub(r" \([^()]* [^()]*\)$", "", said)
 
 
 def report_load_errors() -> None:
