@@ -6,7 +6,9 @@ In another project, after ``pip install llm-inference-harness``::
 
 runs every attention property against ``my_pkg.kernels.attention`` (a function, optionally marked with
 `llm_inference_harness.declare`, or an `Impl` record), with pytest's normal reporting: one test per property, a visible
-skip with its reason where the implementation does not declare what a property needs.  ``--harness-impl``
+skip with its reason where the implementation does not declare what a property needs, node ids (and JUnit
+classnames) naming the property module, test ids technique/implementation, and a failure naming the contract rule
+its property judges and a reproduce line per distinct failure.  ``--harness-impl``
 may be repeated (several implementations or techniques); ``--harness-profile dev|ci|thorough`` picks the
 Hypothesis profile (default ci).  Without ``--harness-impl`` a property is parametrized over the registered
 implementations of its technique (this project's own test suite).

@@ -1,5 +1,8 @@
-"""What a person reads of a check: a progress line per finished (implementation, property), or a live bar on a
-terminal, then the implementation x property matrix with each failure, its example and its reproduce line."""
+"""What a person reads of a check: a live bar on a terminal, or in a log a progress line at most every 30 s and each
+failure as it comes; then the implementation x property matrix (not in `harness run`), each failure with its
+contract rule, example and reproduce lines, a line per known upstream failure and per skip reason with its count,
+and a summary line.  ``-v`` (``verbose`` / ``detail``) prints every line: per finished (implementation, property),
+per skip, each upstream failure in full."""
 
 from __future__ import annotations
 
