@@ -1,6 +1,6 @@
 """What a failure tells its reader: the contract rule the failing property judges (harness/contracts: `Rule`), and,
 where Hypothesis found several distinct failures, one reproduce line per failure, each replaying its own example.
-(The pytest plugin's side of both: tests/test_wheel.py, in a downstream session.)"""
+(The plugin's rule in a downstream pytest session: tests/test_wheel.py.)"""
 
 import json
 import subprocess
@@ -77,3 +77,22 @@ def test_each_distinct_failure_gets_its_own_reproduce_line(two_ways):
     assert "raised RuntimeError: causal is not supported" in replayed[0] + replayed[1], replayed
     assert "two_ways vs float64 reference: max error" in replayed[0] + replayed[1], replayed
     assert "distinct failures" not in replayed[0] + replayed[1], replayed
+
+
+def test_under_the_pytest_plugin_each_distinct_failure_gets_its_reproduce_line():
+    """What the plugin adds to a failure of several distinct failures (Hypothesis's ExceptionGroup, each failure with
+    its @reproduce_failure advice): a harness command per failure, in order, and no advice to edit our test."""
+    from llm_inference_harness.engine.pytest_plugin import _advise_the_harness_command
+
+    failures = []
+    for blob in ("AAAA", "BBBB"):
+        exc = AssertionError(f"failure {blob}")
+        exc.add_note(f"You can reproduce this example by temporarily adding @reproduce_failure('6.1', b'{blob}') as a "
+                     "decorator on your test case")
+        failures.append(exc)
+    group = ExceptionGroup("Hypothesis found 2 distinct failures.", failures)
+    _advise_the_harness_command(group, "attention", "my_pkg.kernels:attention", "matches_reference", "ci")
+    command = ("harness check attention --plugin my_pkg.kernels:attention --property matches_reference --profile ci "
+               "--reproduce 6.1:")
+    assert group.__notes__ == [f"Reproduce failure 1 of 2: {command}AAAA", f"Reproduce failure 2 of 2: {command}BBBB"]
+    assert all("@reproduce_failure" not in note for exc in failures for note in exc.__notes__)

@@ -41,12 +41,6 @@ def attention(q, k, v, *, causal=False, scale=None):
 def forgets_the_scale(q, k, v, *, causal=False, scale=None):
     return attention(q, k, v, causal=causal, scale=1.0)
 
-
-@declare(dtypes=("float32", "float64"))
-def two_ways(q, k, v, *, causal=False, scale=None):  # raises when causal, returns zeros otherwise
-    if causal:
-        raise RuntimeError("causal is not supported")
-    return torch.zeros_like(attention(q, k, v, causal=causal, scale=scale))
 '''
 
 
@@ -65,8 +59,8 @@ def install(tmp: Path) -> list[str]:
                 src)
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next((tmp / "dist").glob("llm_inference_harness-*.whl"))
-    slim_site(wheel, tmp / "slim")
-    python, site = fresh_venv(tmp / "venv", tmp / "slim")
+    slim_site(wheel, tmp / BASE)
+    python, site = fresh_venv(tmp / "venv", tmp / BASE)
     done = run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel)
     assert done.returncode == 0, done.stderr[-3000:]
     project = tmp / "downstream"
@@ -74,6 +68,11 @@ def install(tmp: Path) -> list[str]:
     (project / "my_pkg" / "__init__.py").write_text("")
     (project / "my_pkg" / "kernels.py").write_text(KERNELS)
     return [str(python), str(site), str(project)]
+
+
+# where the links to the base install go: a folder named site-packages, as Hypothesis reads any other as this
+# project's own code and scans its source for constants (torch's: 45 s a session)
+BASE = Path("base-install", "site-packages")
 
 
 def fresh_venv(folder: Path, slim: Path) -> tuple[Path, Path]:
@@ -100,7 +99,7 @@ def slim_site(wheel: Path, folder: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         metadata = email.message_from_bytes(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))))
     wanted, seen = [Requirement(r) for r in metadata.get_all("Requires-Dist")], set()
-    folder.mkdir()
+    folder.mkdir(parents=True)
     while wanted:
         req = wanted.pop()
         if req.name.lower() in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
@@ -170,10 +169,10 @@ def test_our_properties_run_in_a_downstream_pytest_session(installed):
 
 @functools.cache
 def judged(installed) -> subprocess.CompletedProcess:
-    """One downstream session judging three kernels -- one that forgets the scale, a right one, one that fails two
-    ways -- with a JUnit report (judged.xml in the project's folder)."""
+    """One downstream session judging two kernels -- one that forgets the scale, a right one -- with a JUnit report
+    (judged.xml in the project's folder)."""
     python, site, project = installed
-    kernels = [a for name in ("forgets_the_scale", "attention", "two_ways")
+    kernels = [a for name in ("forgets_the_scale", "attention")
                for a in ("--harness-impl", f"attention=my_pkg.kernels:{name}")]
     return run(python, "-m", "pytest", "--pyargs", "llm_inference_harness.properties.test_attention", *kernels,
                "-q", "-p", "no:cacheprovider", "-k", "matches_reference", "--junitxml", "judged.xml", cwd=project)
@@ -185,14 +184,11 @@ def failure_of(stdout: str, kernel: str) -> str:
     return dict(zip(sections[1::2], sections[2::2], strict=True))[f"test_matches_reference[attention/{kernel}]"]
 
 
-def test_a_failure_names_its_contract_rule_and_each_distinct_failure_its_reproduce_line(installed):
-    """Under the plugin as under `harness check` (tests/test_failure_report.py)."""
-    python, site, project = installed
-    shown = failure_of(judged(installed).stdout, "two_ways")
-    assert "Contract: the attention contract's output rule: " in shown, shown[-3000:]
-    assert "ExceptionGroup" in shown or "distinct failures" in shown, shown[-3000:]
-    lines = re.findall(r"Reproduce failure (\d) of 2: harness (check .*--reproduce \S+)", shown)
-    assert [n for n, _ in lines] == ["1", "2"] and lines[0][1] != lines[1][1], shown[-3000:]
+def test_a_failure_names_its_contract_rule(installed):
+    """Under the plugin as under `harness check` (tests/test_failure_report.py, which also has the reproduce line of
+    each distinct failure)."""
+    shown = failure_of(judged(installed).stdout, "forgets_the_scale")
+    assert "Contract: the attention contract's output rule: the output is softmax" in shown, shown[-3000:]
 
 
 def test_a_junit_report_tells_the_implementations_apart(installed):
@@ -201,8 +197,7 @@ def test_a_junit_report_tells_the_implementations_apart(installed):
     python, site, project = installed
     judged(installed)
     cases = {case.get("name"): case for case in ElementTree.parse(project / "judged.xml").iter("testcase")}
-    assert set(cases) == {f"test_matches_reference[attention/{name}]"
-                          for name in ("attention", "forgets_the_scale", "two_ways")}, cases
+    assert set(cases) == {f"test_matches_reference[attention/{name}]" for name in ("attention", "forgets_the_scale")}
     assert {case.get("classname") for case in cases.values()} == {"llm_inference_harness.properties.test_attention"}
     assert cases["test_matches_reference[attention/forgets_the_scale]"].find("failure") is not None
     assert cases["test_matches_reference[attention/attention]"].find("failure") is None
@@ -236,15 +231,15 @@ def downstream_lines() -> list[str]:
 def test_the_example_project_passes_the_readme_lines_as_its_ci_runs_them(installed, tmp_path):
     """examples/downstream/ in a fresh environment that holds the base install's dependencies alone: the README's
     lines, as written, install the wheel (pip finds it in a local folder: PIP_NO_INDEX, PIP_FIND_LINKS) and the
-    package, and judge its kernel; the example's workflow and README carry the same lines.  (About 25 s, 15 of CPU.)"""
+    package, and judge its kernel; the example's workflow and README carry the same lines.  (12 s, at a load of 2.4.)"""
     lines = downstream_lines()
     example = ROOT / "examples" / "downstream"
     workflow = (example / ".github" / "workflows" / "ci.yml").read_text()
     assert [line for line in lines if f"run: {line}\n" not in workflow] == [], workflow
     assert [line for line in lines if f"\n{line}\n" not in (example / "README.md").read_text()] == []
     python, site, project = installed
-    tmp = python.parents[2]  # tmp/venv/bin/python: the folder of the wheel (dist) and of the base install (slim)
-    venv_python, _ = fresh_venv(tmp_path / "venv", tmp / "slim")
+    tmp = python.parents[2]  # tmp/venv/bin/python: the folder of the wheel (dist) and of the base install
+    venv_python, _ = fresh_venv(tmp_path / "venv", tmp / BASE)
     # the venv's own setuptools (Python 3.11's bundled 65) cannot build a wheel without `wheel`; the borrowed one can
     assert run(venv_python, "-m", "pip", "uninstall", "-y", "-q", "setuptools").returncode == 0
     shutil.copytree(example, tmp_path / "project")
