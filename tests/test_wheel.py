@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 from xml.etree import ElementTree
 
 import pytest
@@ -201,6 +202,16 @@ def test_a_junit_report_tells_the_implementations_apart(installed):
     assert {case.get("classname") for case in cases.values()} == {"llm_inference_harness.properties.test_attention"}
     assert cases["test_matches_reference[attention/forgets_the_scale]"].find("failure") is not None
     assert cases["test_matches_reference[attention/attention]"].find("failure") is None
+
+
+def test_a_property_module_of_an_installed_wheel_gets_its_package_path_as_node_id(tmp_path):
+    """Also from a virtual environment inside the project's folder (under the rootdir); a checkout keeps its own."""
+    from llm_inference_harness.engine.pytest_plugin import _node_id
+
+    config = SimpleNamespace(rootpath=tmp_path)
+    venv = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "llm_inference_harness" / "properties"
+    assert _node_id(venv / "test_attention.py", config) == "llm_inference_harness/properties/test_attention.py"
+    assert _node_id(tmp_path / "properties" / "test_attention.py", config) is None
 
 
 def _case(text: str) -> str:

@@ -67,11 +67,14 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> 
 
 
 def _node_id(module_path: Path, config: pytest.Config) -> str | None:
-    """A module collected from outside the rootdir (site-packages, ``--pyargs``) would get an empty node id -- test
-    ids ``::test_x[...]``, and an empty JUnit classname, which leaves a CI dashboard one undivided list: it gets its
-    path in the package instead (``llm_inference_harness/properties/test_attention.py``, JUnit classname
-    ``llm_inference_harness.properties.test_attention``).  In a checkout pytest's own id stands."""
-    if module_path.resolve().is_relative_to(config.rootpath.resolve()):
+    """A module collected from an installed wheel (``--pyargs``) gets its path in the package as node id
+    (``llm_inference_harness/properties/test_attention.py``, JUnit classname
+    ``llm_inference_harness.properties.test_attention``): outside the rootdir pytest's would be empty -- test ids
+    ``::test_x[...]`` and an empty JUnit classname, one undivided list on a CI dashboard --, and in a virtual
+    environment inside the project a path through it (``.venv.lib.python3.11.site-packages...``).  In a checkout
+    pytest's own id stands."""
+    installed = {"site-packages", "dist-packages"} & set(module_path.resolve().parts)
+    if not installed and module_path.resolve().is_relative_to(config.rootpath.resolve()):
         return None
     return f"llm_inference_harness/properties/{module_path.name}"
 
