@@ -122,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     mu.set_defaults(func=cmd_mutants)
 
     run = sub.add_parser("run", help="the main job: check everything, kill every mutant, quick benchmarks, report")
+    run.add_argument("technique", nargs="*", help="only these techniques' checks and mutants (default: all)")
     _common(run, json=False)
     run.add_argument("--no-bench", action="store_true", help="skip the quick benchmark pass")
     run.add_argument("--no-report", action="store_true", help="skip writing the report")
@@ -165,6 +166,8 @@ def _common(p: argparse.ArgumentParser, json: bool = True) -> None:
     if json:
         p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON ('-': to stdout)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="implementations checked at once")
+    p.add_argument("-v", "--verbose", action="store_true", help="a line per finished (implementation, property) and "
+                   "per mutant, every skip's property and reason, and (run) each technique's matrix")
     p.add_argument("--trusted-in-process", action="store_true",
                    help="run the implementation inside the judge's own process: only for code you trust (a plugin "
                         "there can change its own verdicts; by default it runs in a process of its own)")
@@ -223,6 +226,10 @@ def _valid_names(args: argparse.Namespace) -> None:
     """The technique, implementations, properties and plugin specs: known (a plugin: findable without importing
     it), else a usage error listing the known ones."""
     technique = getattr(args, "technique", None)
+    for name in technique if isinstance(technique, list) else []:  # run's techniques
+        _known_technique(name)
+    if isinstance(technique, list):
+        technique = None
     if technique is not None:
         _known_technique(technique)
     given = {flag: getattr(args, flag, None) or [] for flag in ("impl", "plugin", "property")}
@@ -344,12 +351,13 @@ def cmd_list(args) -> int:
 def cmd_check(args) -> int:
     return check(args.technique, names=args.impl, plugins=args.plugin, properties=args.property,
                  profile=args.profile, jobs=args.jobs, json_path=args.json, reproduce=args.reproduce,
-                 shrink=args.shrink, scale=_scale(args))
+                 shrink=args.shrink, scale=_scale(args), verbose=args.verbose)
 
 
 def check(technique: str, *, names: list[str], plugins: list[str], properties: list[str], profile: str, jobs: int,
           json_path: str | None, reproduce: str | None = None, shrink: bool = True,
-          scale: scale_out.Scale | None = None) -> int:
+          scale: scale_out.Scale | None = None, verbose: bool = False, matrix: bool = True) -> int:
+    """``matrix=False`` (`harness run`): a summary line in place of the matrix, unless ``verbose``."""
     profiles.load(profile)
     _known_technique(technique)
     targets = _targets(technique, names, plugins)
@@ -359,11 +367,11 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
     started = time.perf_counter()
     scale = scale or scale_out.Scale()
     plan = scale.plan_check(technique, targets, [p.name for p in props])
-    with Printer(technique, len(plan.units), out) as printer:
+    with Printer(technique, len(plan.units), out, verbose=verbose) as printer:
         results = scale.check(technique, plan, profile=profile, properties=properties, jobs=jobs, progress=printer,
                               blob=reproduce, shrink=shrink)
     _unique_names(results)
-    print_matrix(technique, results, props, out)
+    print_matrix(technique, results, props, out, detail=verbose, matrix=matrix or verbose)
     _write_json(json_path, scale.annotate(verdicts_document(technique, profile, results,
                                                             time.perf_counter() - started), plan))
     report_load_errors()
@@ -379,13 +387,14 @@ def cmd_mutants(args) -> int:
                             plan=Path(args.plan) if args.plan else None)
     return mutants([args.technique] if args.technique else sorted(load_techniques()), profile=args.profile,
                    jobs=args.jobs, json_path=args.json, score=args.score, all_properties=args.all_properties,
-                   scale=_scale(args))
+                   scale=_scale(args), verbose=args.verbose)
 
 
 def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | None, score: bool = False,
-            all_properties: bool = False, scale: scale_out.Scale | None = None) -> int:
+            all_properties: bool = False, scale: scale_out.Scale | None = None, verbose: bool = False) -> int:
     """Kill every mutant of ``techniques``: its declared killers first, stopping at the first that kills it, or every
-    property (``all_properties``, implied by ``score``: the properties that killed each)."""
+    property (``all_properties``, implied by ``score``: the properties that killed each).  A line per technique and
+    each survivor in full (``verbose``: a line per kill and two per mutant)."""
     all_properties = all_properties or score
     profiles.load(profile)
     for t in techniques:
@@ -400,17 +409,24 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
         registered = [m for m in impls(t, mutants=True) if scale.has(plan, t, m.name)]
         # stopping at its first kill, a mutant runs at most its declared killers (more only if it survives them)
         total = len(registered) * len(props) if all_properties else sum(len(m.killed_by) for m in registered)
-        with Printer(t, total, out, quiet=True) as printer:
+        with Printer(t, total, out, quiet=True, verbose=verbose) as printer:
             results = scale.kill_mutants(t, plan, profile=profile, jobs=jobs, progress=printer,
                                          all_properties=all_properties)
+        counts = {"killed": 0, "survived": 0, "not run here": 0}
         for result in results:
             killed, status = runner.mutant_status(result)
-            print(f"{t:<18} {result.name:<32} {status}\n{'':<18} bug: {result.info.get('bug', '?')}", file=out,
-                  flush=True)
-            if why := runner.not_run_here(result):
+            why = runner.not_run_here(result)
+            counts["not run here" if why else "killed" if killed else "survived"] += 1
+            if verbose or not (killed or why):
+                print(f"{t:<18} {result.name:<32} {status}\n{'':<18} bug: {result.info.get('bug', '?')}", file=out,
+                      flush=True)
+            if why:
                 not_run.setdefault(why, []).append(result.name)
             elif not killed:
                 survivors.append(result.name)
+        if not verbose:
+            print(f"{t:<18} {len(results)} mutants: " + ", ".join(f"{n} {what}" for what, n in counts.items() if n),
+                  file=out, flush=True)
         document = verdicts_document(t, profile, results, time.perf_counter() - started, kind="mutants")
         if score:
             with Printer(t, len(registered), out, quiet=True) as printer:
@@ -467,22 +483,23 @@ def _print_score(scores: list[tuple[str, dict]], profile: str, out) -> None:
 
 
 def cmd_run(args) -> int:
+    techniques = args.technique or sorted(load_techniques())
     start = time.perf_counter()
     root = provenance.output_root()
     summary, status = [], 0
     scale = _scale(args)
     print(f"results of this run: {root} (machine {provenance.machine_name()}, commit {provenance.commit()})")
     with provenance.staged(root / "verdicts") as verdicts:  # replaced whole at the end: never old and new mixed
-        for t in sorted(load_techniques()):
+        for t in techniques:
             print(f"\n=== check {t} ===", flush=True)
             rc = check(t, names=[], plugins=[], properties=[], profile=args.profile, jobs=args.jobs,
-                       json_path=str(verdicts / f"{t}.json"), scale=scale)
+                       json_path=str(verdicts / f"{t}.json"), scale=scale, verbose=args.verbose, matrix=False)
             summary.append((f"check {t}", "ok" if rc == 0 else "FAILED"))
             status |= rc
         print("\n=== mutants ===", flush=True)
-        rc = mutants(sorted(load_techniques()), profile=args.profile, jobs=args.jobs,
-                     json_path=str(verdicts / "mutants.json"), scale=scale)
-        not_here = [m for t in load_techniques() for m in impls(t, mutants=True) if m.unavailable]
+        rc = mutants(techniques, profile=args.profile, jobs=args.jobs, json_path=str(verdicts / "mutants.json"),
+                     scale=scale, verbose=args.verbose)
+        not_here = [m for t in techniques for m in impls(t, mutants=True) if m.unavailable]
         summary.append(("mutants killed", ("ok" if rc == 0 else "SURVIVORS")
                         + (f" ({len(not_here)} not run here: {'; '.join(sorted({m.unavailable for m in not_here}))})"
                            if not_here else "")))
@@ -491,7 +508,7 @@ def cmd_run(args) -> int:
         from llm_inference_harness.bench.quickbench import run_quick
 
         print("\n=== quick benchmark pass and dashboard ===", flush=True)
-        rc = run_quick()
+        rc = run_quick(quiet=not args.verbose)
         summary.append(("quick benchmarks + dashboard", "ok" if rc == 0 else "FAILED"))
         status |= rc
     if not args.no_report:

@@ -116,7 +116,8 @@ def local_results() -> Path:
     return results_paths.local()
 
 
-def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int = 0, **config) -> int:
+def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int = 0, log: Path | None = None,
+        **config) -> int:
     """``asv ARGS`` with a temporary configuration (results_dir ``results``, html_dir ``html``, ``config``
     overriding asv.conf.json) and this machine, named by its hardware, as the only one asv knows.
 
@@ -125,10 +126,11 @@ def asv(args: list[str], *, results: Path, html: Path | None = None, nice: int =
     real home (pip, Triton's compiled kernels) stay where they are."""
     machine = provenance.asv_machine()
     with staged(results, machine["machine"]) as staging:
-        return _asv(args, staging, html or results.parent / "html", machine, nice, config)
+        return _asv(args, staging, html or results.parent / "html", machine, nice, log, config)
 
 
-def _asv(args: list[str], results: Path, html: Path, machine: dict, nice: int, config: dict) -> int:
+def _asv(args: list[str], results: Path, html: Path, machine: dict, nice: int, log: Path | None,
+         config: dict) -> int:
     conf = json.loads((ROOT / "asv.conf.json").read_text())
     conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), env_dir=str(ROOT / ".asv" / "env"),
                 results_dir=str(results), html_dir=str(html), **config)
@@ -141,7 +143,9 @@ def _asv(args: list[str], results: Path, html: Path, machine: dict, nice: int, c
         cmd = [sys.executable, "-m", "asv", *args, "--config", str(Path(home) / "asv.conf.json")]
         if args[0] in ("run", "continuous"):
             cmd += ["--machine", machine["machine"]]
-        return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT, env=env).returncode
+        with open(log, "w") if log else contextlib.nullcontext() as out:  # ``log``: its output there, not here
+            return subprocess.run(["nice", "-n", str(nice), *cmd] if nice else cmd, cwd=ROOT, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT if log else None).returncode
 
 
 STAGING = ".{name}.asv-staging-{pid}-"  # beside the results folder: what asv writes, until it is whole

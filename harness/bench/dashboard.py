@@ -13,6 +13,7 @@ from CDNs: we copy the vendored files of harness/bench/dashboard_assets next to 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import re
@@ -50,18 +51,18 @@ CDN_TAG = re.compile(r'(src|href)="https://[^"]*/([^"/]+)"((?:\s+(?:integrity|cr
 SIGNIFICANT = {"slower", "faster", "worse", "better", "higher", "lower"}
 
 
-def publish(html_dir: Path | None = None, results: list[Path] | None = None) -> int:
+def publish(html_dir: Path | None = None, results: list[Path] | None = None, log: Path | None = None) -> int:
     """``asv publish`` of the machines found in ``results`` (folders holding <machine>/*.json; default the
     committed results/) into ``html_dir`` (default results_paths.html()), vendored for offline use, with our
-    overview as its index.html.  Built beside ``html_dir`` and put in its place whole (provenance.staged): a
-    publish that fails or is killed leaves the previous dashboard as it was."""
+    overview as its index.html; asv's output appended to ``log`` where one is given.  Built beside ``html_dir`` and
+    put in its place whole (provenance.staged): a publish that fails or is killed leaves the previous dashboard."""
     html_dir = html_dir or results_paths.html()
     results = results or [results_paths.COMMITTED]
     suite = asvrun.suite()
     read_inputs(results)
     try:
         with provenance.staged(html_dir) as stage:
-            _build(stage, results, suite)
+            _build(stage, results, suite, log)
     except _AsvFailed as failed:
         return failed.rc
     return 0
@@ -73,7 +74,7 @@ class _AsvFailed(Exception):
         self.rc = rc
 
 
-def _build(html_dir: Path, results: list[Path], suite: dict) -> None:
+def _build(html_dir: Path, results: list[Path], suite: dict, log: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="harness-dashboard-") as tmp:
         merged = Path(tmp) / "results"
         merged.mkdir()
@@ -85,8 +86,9 @@ def _build(html_dir: Path, results: list[Path], suite: dict) -> None:
         config.update(repo=str(ROOT), results_dir=str(merged), html_dir=str(html_dir),
                       benchmark_dir=str(ROOT / "benchmarks"), env_dir=str(Path(tmp) / "env"))
         (Path(tmp) / "asv.conf.json").write_text(json.dumps(config))
-        rc = subprocess.run([sys.executable, "-m", "asv", "publish", "--config", str(Path(tmp) / "asv.conf.json")],
-                            cwd=ROOT).returncode
+        with open(log, "a") if log else contextlib.nullcontext() as out:
+            rc = subprocess.run([sys.executable, "-m", "asv", "publish", "--config", str(Path(tmp) / "asv.conf.json")],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if log else None).returncode
     if rc:
         raise _AsvFailed(rc)
     (html_dir / "index.html").rename(html_dir / "asv.html")

@@ -22,9 +22,10 @@ from llm_inference_harness.bench.asvrun import FULL, GATE, QUICK, ROOT, asv, loc
 from llm_inference_harness.engine import environment, outputs, provenance
 
 
-def run_quick(bench: str | None = None, *, full: bool = False) -> int:
+def run_quick(bench: str | None = None, *, full: bool = False, quiet: bool = False) -> int:
     """asv --quick of the installed code (QUICK, or every benchmark when ``full``) into local_results(), then
-    the dashboard of this machine's and the committed results in output_root()/html."""
+    the dashboard of this machine's and the committed results in output_root()/html.  ``quiet`` (`harness run`):
+    asv's output goes to a log file beside its results, quoted here only where asv fails."""
     from llm_inference_harness.bench import history
     from llm_inference_harness.bench.dashboard import publish
 
@@ -41,11 +42,14 @@ def run_quick(bench: str | None = None, *, full: bool = False) -> int:
     cmd += ["--bench", bench or (FULL if full else regex(QUICK))]
     started = time.perf_counter()
     print(f"asv results: {local_results() / provenance.machine_name()} (commit {provenance.commit()})", flush=True)
-    rc = asv(cmd, results=local_results())
-    print(f"asv: {time.perf_counter() - started:.0f} s", flush=True)
+    log = local_results().parent / "asv-run.log" if quiet else None  # beside asv/, in the run's results
+    rc = asv(cmd, results=local_results(), log=log)
+    print(f"asv: {time.perf_counter() - started:.0f} s" + (f", its output in {log}" if log else ""), flush=True)
+    if log and rc != 0:
+        print(*log.read_text().splitlines()[-40:], sep="\n", flush=True)
     history.normalize(local_results())
     html = results_paths.html()
-    publish(html, [results_paths.COMMITTED, local_results()])
+    publish(html, [results_paths.COMMITTED, local_results()], log=log)
     print(f"dashboard: {html / 'index.html'}  (this machine's results and the committed ones; "
           f"serve: python -m http.server 8080 --bind 127.0.0.1 --directory {html})")
     return rc

@@ -18,6 +18,29 @@ from llm_inference_harness.engine.capabilities import Caps
 
 
 @dataclass(frozen=True)
+class Rule:
+    """One clause of a technique's contract (its module's docstring states them in full): a short name, the clause
+    in one line, and the properties that judge it.  A failing property's verdict, and its pytest failure, name the
+    rules it judges (`Technique.rules_of`), so a reader learns which promise broke, not only which assertion."""
+
+    name: str  # "bonus", "bad input"
+    text: str  # the clause, one line
+    properties: tuple[str, ...]  # the names of the properties (tests without "test_") that judge it
+
+    def cite(self, technique: str) -> str:
+        return f"the {technique} contract's {self.name} rule: {self.text}"
+
+
+def batch_rules(*chunked: str) -> tuple[Rule, Rule]:
+    """The rules of a technique with `BatchedCaps`, each judged where the implementation declares it: batch
+    invariance (``chunked``: the properties that split a row's queries too) and determinism."""
+    return (Rule("batch invariance", "a declared batch_invariant row has the bits of that row computed alone, in any "
+                                     "batch composition or order", ("rows_are_batch_invariant", *chunked)),
+            Rule("determinism", "a declared deterministic call gives the same bits every run and at any thread count",
+                 ("same_bits_every_run_and_thread_count",)))
+
+
+@dataclass(frozen=True)
 class Technique:
     name: str
     signature: str  # the contract, as a Python signature
@@ -26,6 +49,11 @@ class Technique:
     properties: tuple[str, ...]
     reference: str  # name of the registered float64 oracle ("" when the oracle is not an impl)
     caps: type[Caps] = Caps  # the capabilities its implementations may declare
+    rules: tuple[Rule, ...] = ()  # its contract's clauses, each with the properties that judge it
+
+    def rules_of(self, prop: str) -> tuple[Rule, ...]:
+        """The rules property ``prop`` (its name without "test_") judges."""
+        return tuple(r for r in self.rules if prop in r.properties)
 
 
 TECHNIQUES: dict[str, Technique] = {}

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, batch_rules, define
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
 
@@ -86,6 +86,27 @@ ATTENTION = define(
                     "llm_inference_harness.properties.test_attention_batch"),
         reference="reference",
         caps=AttentionCaps,
+        rules=(
+            Rule("output", "the output is softmax(q k^T * scale) v with query head h reading kv head h // (H // Hkv), "
+                           "exact up to the rounding its dtype's earned bound admits",
+                 ("matches_reference", "long_keys_and_wide_heads", "key_value_permutation_invariance",
+                  "rows_are_convex_combinations_of_values", "triton_output_and_lse_match_reference")),
+            Rule("causal alignment", "causal is aligned bottom-right (query i sees key j iff j <= i + Nk - Nq), "
+                                     "top-left where declared", ("causal_alignment_is_the_declared_one",)),
+            Rule("logsumexp", "a forward declaring returns_lse returns (o, L), L the natural-log logsumexp of the "
+                              "scaled, masked scores",
+                 ("returned_lse_is_logsumexp_of_scaled_scores", "triton_output_and_lse_match_reference")),
+            Rule("large logits", "scores of any magnitude give a finite output within the earned bound (no overflow "
+                                 "of exp)",
+                 ("large_logits_stay_finite_and_correct", "scores_1000_999_998_10", "triton_large_logits")),
+            Rule("NaN", "a NaN input reaches every output entry that reads it (or the call is rejected)",
+                 ("nan_inputs_propagate",)),
+            Rule("empty shapes", "B, H, Nq and Nk may be 0: the output has q's shape, zeros where no key is seen",
+                 ("empty_shapes_give_empty_output",)),
+            Rule("bad input", "shapes, flags, dtypes and devices that break the contract raise ValueError/TypeError "
+                              "naming the argument, never a silent answer", ("rejects_bad_input",)),
+            *batch_rules("query_chunks_are_invariant"),
+        ),
     )
 )
 

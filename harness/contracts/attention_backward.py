@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, define
 from llm_inference_harness.contracts.attention import check_inputs, on_device_of, same_device
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
@@ -67,6 +67,22 @@ ATTENTION_BACKWARD = define(
         properties=("llm_inference_harness.properties.test_attention_backward",),
         reference="reference",
         caps=AttentionBackwardCaps,
+        rules=(
+            Rule("gradients", "dq, dk, dv equal float64 autograd within the earned gradient bound of their dtype, "
+                              "whatever the shapes and strides",
+                 ("matches_reference", "matches_reference_on_ambiguous_shapes", "matches_reference_past_one_tile",
+                  "matches_reference_on_found_cases", "key_gradients_sum_to_zero")),
+            Rule("large logits", "scores of any magnitude give finite gradients within the earned bound",
+                 ("large_logits_stay_finite_and_correct",)),
+            Rule("masked rows", "a row that sees no key contributes nothing: its dq row is 0",
+                 ("fully_masked_rows_give_zero_gradients",)),
+            Rule("memory", "a tiled backward never allocates a head's (Nq, Nk) score matrix",
+                 ("never_materializes_the_score_matrix",)),
+            Rule("empty shapes", "B, H, Nq and Nk may be 0: gradients of q's, k's and v's shapes, dq 0 where no key "
+                                 "is seen", ("empty_shapes_give_empty_gradients",)),
+            Rule("bad input", "inputs that break the contract raise ValueError/TypeError naming the argument",
+                 ("rejects_bad_input",)),
+        ),
     )
 )
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, define
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call, is_remote
 
@@ -84,6 +84,21 @@ BLOCK_MANAGER = define(
         properties=("llm_inference_harness.properties.test_block_manager",),
         reference="",
         caps=BlockManagerCaps,
+        rules=(
+            Rule("bookkeeping", "blocks are conserved, reference counts equal block-table entries, running out of "
+                                "blocks is declared, and a rejected call changes nothing",
+                 ("machine_bookkeeping", "large_tables")),
+            Rule("data", "every live sequence reads its own tokens' KV through its block table; a shared block is "
+                         "copied before a write (copy-on-write)", ("machine_data", "large_tables")),
+            Rule("sharing", "a sequence holds ceil(tokens / block_size) blocks, and forks and cached prefixes share "
+                            "their full blocks (vLLM Sec. 4.3-4.4)",
+                 ("parallel_sampling_saves_70_percent", "shared_prompt_copy_on_write", "next_turn_reuses_the_answer",
+                  "waste_per_request_is_half_a_block")),
+            Rule("eviction", "idle cached blocks are evicted least recently used first; swap_out releases a block as "
+                             "free does", ("evicts_least_recently_used",)),
+            Rule("bad input", "bad geometry, unknown or duplicate sequences and bad tokens raise ValueError naming "
+                              "the argument", ("rejects_bad_input",)),
+        ),
     )
 )
 

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, batch_rules, define
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
 
@@ -101,6 +101,25 @@ KVCACHE = define(
                     "llm_inference_harness.properties.test_kvcache_batch"),
         caps=KVCacheCaps,
         reference="recompute",
+        rules=(
+            Rule("logits", "every sequence's logits are the model's full forward over the tokens it has seen, within "
+                           "the earned tolerance of its dtype",
+                 ("prefill_then_steps_equal_forward", "unused_slots_never_leak", "long_sequences_cross_cache_blocks",
+                  "gqa_equals_mha_with_repeated_kv", "model_prefill_then_steps_equal_forward",
+                  "model_padded_and_unused_slots_never_leak", "model_long_sequences_past_the_sliding_window")),
+            Rule("independence", "the sequences of a batch are independent, prefill starts a new batch, and two "
+                                 "decoders (caches) of one model share nothing",
+                 ("every_prefill_starts_a_new_batch", "decoders_on_one_model_are_independent",
+                  "ragged_batch_equals_alone", "rows_sharing_leading_tokens_decode_alone",
+                  "model_left_padded_batch_equals_alone", "model_caches_on_one_model_stay_apart")),
+            Rule("sampling", "decoding through the cache chooses the tokens the recompute oracle chooses with the "
+                             "same seed", ("sampling_matches_recompute", "model_sampling_equals_the_oracle")),
+            Rule("bad input", "bad prompts and ids, a step before prefill or past max_len raise ValueError, and a "
+                              "call that raises leaves the decoder as it was",
+                 ("bad_input_is_rejected", "rejected_calls_leave_no_trace",
+                  "model_rejected_calls_leave_the_cache_as_it_was")),
+            *batch_rules("continuous_batching_is_invariant"),
+        ),
     )
 )
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, batch_rules, define
 from llm_inference_harness.contracts.attention import check_causal, on_device_of, same_device
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import call_limit, check_tensor, guarded_call
@@ -67,6 +67,22 @@ PAGED_ATTENTION = define(
                     "llm_inference_harness.properties.test_paged_attention_batch"),
         reference="",
         caps=PagedAttentionCaps,
+        rules=(
+            Rule("output", "per sequence, the attention contract's output over its seq_lens[b] keys read through its "
+                           "block table; what unused slots hold never reaches it",
+                 ("matches_contiguous_attention", "decode_matches_contiguous_attention")),
+            Rule("placement", "the result does not depend on which physical blocks hold a sequence, on the layout "
+                              "of its arguments or on the thread count",
+                 ("bits_do_not_depend_on_placement_or_threads", "strided_inputs_and_int32_tables")),
+            Rule("large logits", "scores of any magnitude give a finite output within the earned bound",
+                 ("large_logits_stay_finite_and_correct", "logits_far_below_zero")),
+            Rule("empty shapes", "an empty batch, head group or query chunk gives an empty output; a query row that "
+                                 "sees no key returns zeros",
+                 ("empty_shapes_give_empty_output", "rows_that_see_no_key_are_zero")),
+            Rule("bad input", "tables, lengths and caches that break the contract raise ValueError/TypeError naming "
+                              "the argument", ("rejects_bad_input",)),
+            *batch_rules("query_chunks_are_invariant"),
+        ),
     )
 )
 

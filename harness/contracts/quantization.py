@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, define
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
 
@@ -125,6 +125,20 @@ QUANTIZATION = define(
         properties=("llm_inference_harness.properties.test_quantization",),
         reference="absmax",
         caps=QuantizationCaps,
+        rules=(
+            Rule("half step", "every element dequantizes within half a step of its own group's scale",
+                 ("error_within_half_step", "worked_example_4bit", "long_rows_keep_their_peak", "extreme_magnitudes",
+                  "granularity_bounds_nest")),
+            Rule("format", "codes lie in the declared range and scales (and zero points) follow the declared "
+                           "format's formula",
+                 ("codes_in_range", "absmax_round_trips", "zero_point_scales_match_reference", "worked_example_4bit")),
+            Rule("grid", "quantizing is idempotent and scale-equivariant: q(dq(q(w))) = q(w), q(c w) has c times the "
+                         "scales", ("requantize_is_identity", "positive_rescaling")),
+            Rule("zeros", "an all-zero group has a finite scale and codes that dequantize to exactly 0, never NaN",
+                 ("all_zero_groups_give_zeros",)),
+            Rule("bad input", "bits, group sizes and weights that break the contract raise ValueError/TypeError "
+                              "naming the argument", ("rejects_bad_input",)),
+        ),
     )
 )
 

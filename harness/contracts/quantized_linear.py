@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, batch_rules, define
 from llm_inference_harness.contracts.quantization import GRANULARITIES
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import call_limit, check_tensor, guarded_call
@@ -67,6 +67,22 @@ QUANTIZED_LINEAR = define(
                     "llm_inference_harness.properties.test_quantized_linear_batch"),
         reference="",
         caps=QuantizedLinearCaps,
+        rules=(
+            Rule("scheme", "the output is the declared scheme's dequantized computation, up to float rounding, for "
+                           "any leading dims and in the declared compute dtype",
+                 ("matches_scheme_reference", "matches_scheme_in_low_precision", "any_leading_dims",
+                  "computes_in_the_declared_dtype", "outliers_follow_each_batch")),
+            Rule("error bound", "|y - x @ w.T| stays within the bound derived from the scheme's own steps",
+                 ("error_within_derived_bound",)),
+            Rule("outliers", "LLM.int8(): input columns past the declared threshold, compared as declared, stay in "
+                             "floating point",
+                 ("outlier_columns_exact", "outlier_threshold_comparison", "outliers_follow_each_batch")),
+            Rule("zeros", "all-zero tokens give exactly zero outputs, and x with no tokens an empty (..., out) output",
+                 ("all_zero_tokens_give_zeros", "no_tokens_give_an_empty_output")),
+            Rule("bad input", "bits, weights, activations, shapes and dtypes that break the contract raise "
+                              "ValueError/TypeError naming the argument", ("rejects_bad_input",)),
+            *batch_rules(),
+        ),
     )
 )
 

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, batch_rules, define
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
 from llm_inference_harness.sampling.enumeration import outcome_distribution
@@ -102,6 +102,21 @@ SAMPLING = define(
                     "llm_inference_harness.properties.test_sampling_batch"),
         reference="reference",
         caps=SamplingCaps,
+        rules=(
+            Rule("distribution", "each row's output distribution is its processed one: penalties, then temperature, "
+                                 "top-k, top-p and min-p in the declared order",
+                 ("distribution_matches_reference", "parameter_grid_exactly", "statistical_fit_large_vocabulary",
+                  "shift_invariance")),
+            Rule("greedy", "temperature 0 is one-hot at the largest penalized logit, ties to the lowest id",
+                 ("greedy_rows_take_the_first_argmax",)),
+            Rule("independent rows", "a row's distribution does not depend on the other rows of its batch",
+                 ("rows_are_independent",)),
+            Rule("empty batch", "a batch of no rows is an answer: (0,) tokens or (0, V) probabilities",
+                 ("empty_batch",)),
+            Rule("bad input", "bad parameters and logits raise ValueError/TypeError naming the argument or field",
+                 ("rejects_bad_input",)),
+            *batch_rules(),
+        ),
     )
 )
 

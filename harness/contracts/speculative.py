@@ -80,7 +80,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from llm_inference_harness.contracts import Technique, define
+from llm_inference_harness.contracts import Rule, Technique, batch_rules, define
 from llm_inference_harness.contracts.sampling import SamplingParams, check_values
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call
@@ -117,6 +117,24 @@ SPECULATIVE = define(
                     "llm_inference_harness.properties.test_speculative_processed"),
         reference="autoregressive",
         caps=SpeculativeCaps,
+        rules=(
+            Rule("distribution", "the output distribution equals the target's autoregressive distribution, whatever "
+                                 "the draft",
+                 ("matches_target_distribution", "matches_target_distribution_on_found_cases",
+                  "matches_target_distribution_run_by_run", "matches_target_distribution_on_tiny_models",
+                  "goodness_of_fit", "matches_processed_target_distribution")),
+            Rule("greedy", "greedy speculative output is the target's greedy output, token for token",
+                 ("greedy_matches_target_greedy",)),
+            Rule("round records", "the Round records tell the truth: target calls, drafted and accepted tokens add "
+                                  "up to what the target saw and the tokens emitted", ("round_records_add_up",)),
+            Rule("bonus", "a round that accepts all its k drafts also emits a bonus token from p_{k+1}: "
+                          "(1 - a^(k+1)) / (1 - a) tokens per target call",
+                 ("tokens_per_call_matches_formula", "draft_equal_to_target_accepts_everything",
+                  "round_records_add_up")),
+            Rule("bad input", "bad probabilities, gamma < 1 and differing vocabularies raise ValueError naming the "
+                              "argument", ("rejects_bad_input",)),
+            *batch_rules(),
+        ),
     )
 )
 

@@ -6,7 +6,9 @@ In another project, after ``pip install llm-inference-harness``::
 
 runs every attention property against ``my_pkg.kernels.attention`` (a function, optionally marked with
 `llm_inference_harness.declare`, or an `Impl` record), with pytest's normal reporting: one test per property, a visible
-skip with its reason where the implementation does not declare what a property needs.  ``--harness-impl``
+skip with its reason where the implementation does not declare what a property needs, node ids (and JUnit
+classnames) naming the property module, test ids technique/implementation, and a failure naming the contract rule
+its property judges and a reproduce line per distinct failure.  ``--harness-impl``
 may be repeated (several implementations or techniques); ``--harness-profile dev|ci|thorough`` picks the
 Hypothesis profile (default ci).  Without ``--harness-impl`` a property is parametrized over the registered
 implementations of its technique (this project's own test suite).
@@ -60,8 +62,21 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
 
 def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     if module_path.resolve().parent == _properties_folder():
-        return PropertyModule.from_parent(parent, path=module_path)
+        return PropertyModule.from_parent(parent, path=module_path, nodeid=_node_id(module_path, parent.config))
     return None
+
+
+def _node_id(module_path: Path, config: pytest.Config) -> str | None:
+    """A module collected from an installed wheel (``--pyargs``) gets its path in the package as node id
+    (``llm_inference_harness/properties/test_attention.py``, JUnit classname
+    ``llm_inference_harness.properties.test_attention``): outside the rootdir pytest's would be empty -- test ids
+    ``::test_x[...]`` and an empty JUnit classname, one undivided list on a CI dashboard --, and in a virtual
+    environment inside the project a path through it (``.venv.lib.python3.11.site-packages...``).  In a checkout
+    pytest's own id stands."""
+    installed = {"site-packages", "dist-packages"} & set(module_path.resolve().parts)
+    if not installed and module_path.resolve().is_relative_to(config.rootpath.resolve()):
+        return None
+    return f"llm_inference_harness/properties/{module_path.name}"
 
 
 class PropertyModule(pytest.Module):
@@ -224,24 +239,35 @@ def pytest_runtest_call(item: pytest.Item):
         try:
             return (yield)
         except BaseException as exc:
+            if technique and isinstance(exc, Exception):  # a failure (not a skip): which promise the property judges
+                _cite_the_contract(exc, technique, item.originalname.removeprefix("test_"))
             if spec:
                 _advise_the_harness_command(exc, technique, spec, item.originalname.removeprefix("test_"),
                                             item.config.stash[_PROFILE])
             raise
 
 
+def _cite_the_contract(exc: BaseException, technique: str, prop: str) -> None:
+    from llm_inference_harness.engine.runner import contract_rules
+
+    rules = contract_rules(technique, prop)
+    if rules:
+        exc.add_note(f"Contract: {rules}")
+
+
 def _advise_the_harness_command(exc: BaseException, technique: str, spec: str, prop: str, profile: str) -> None:
     """Hypothesis ends a failure with "add @reproduce_failure(...) as a decorator on your test function": the
     test function is ours, in site-packages.  A downstream user gets the harness's command that replays the
     example instead (and rerunning the same pytest command finds it again: the ci profile is derandomized)."""
-    from llm_inference_harness.engine.runner import failure_blob, reproduce_command
+    from llm_inference_harness.engine.runner import reproduce_commands
 
-    blob = failure_blob(exc)
+    lines = reproduce_commands(technique, "", prop, profile, spec, exc).splitlines()  # one per distinct failure
     for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
         notes = getattr(sub, "__notes__", None)
         if notes is not None:
             notes[:] = [n for n in notes if "@reproduce_failure" not in n]
-    exc.add_note(f"Reproduce: {reproduce_command(technique, '', prop, profile, spec, blob)}")
+    for i, line in enumerate(lines, 1):
+        exc.add_note(f"Reproduce{f' failure {i} of {len(lines)}' if len(lines) > 1 else ''}: {line}")
 
 
 def _technique_of(module: str) -> str | None:

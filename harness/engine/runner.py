@@ -104,10 +104,10 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
             law(prop, shrink=shrink and not known, blob=blob)(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
         verdict = Verdict(
-            impl.name, prop.name, "FAIL", message=hang_message(impl.fn) or first_line(exc),
+            impl.name, prop.name, "FAIL",
+            message=citing_rules(impl.technique, prop.name, hang_message(impl.fn) or first_line(exc)),
             counterexample=counterexample(exc) or "\n".join(map(str, printed)).strip(),
-            reproduce=reproduce_command(impl.technique, impl.name, prop.name, profile, plugin,
-                                        failure_blob(exc) or blob),
+            reproduce=reproduce_commands(impl.technique, impl.name, prop.name, profile, plugin, exc, blob),
             seconds=time.perf_counter() - start, margin=_margin(exc),
         )
         if known:
@@ -203,11 +203,31 @@ def _installed(library: str) -> str:
         return f"{library} (version unknown)"
 
 
+def contract_rules(technique: str, prop: str) -> str:
+    """The clauses of the technique's contract that property ``prop`` judges, in words (harness/contracts: `Rule`)."""
+    return "; ".join(r.cite(technique) for r in get_technique(technique).rules_of(prop))
+
+
+def citing_rules(technique: str, prop: str, message: str) -> str:
+    """A failure's message, followed by the contract rules its property judges: which promise broke."""
+    rules = contract_rules(technique, prop)
+    return f"{message} [{rules}]" if rules else message
+
+
 def reproduce_command(technique: str, impl: str, prop: str, profile: str, plugin: str | None,
                       blob: str | None = None) -> str:
     source = f"--plugin {plugin}" if plugin else f"--impl {impl}"
     line = f"harness check {technique} {source} --property {prop} --profile {profile}"
     return line + (f" --reproduce {blob}" if blob else "")
+
+
+def reproduce_commands(technique: str, impl: str, prop: str, profile: str, plugin: str | None, exc: BaseException,
+                       blob: str | None = None) -> str:
+    """A failure's reproduce line, or one line per distinct failure where Hypothesis found several (an
+    ExceptionGroup), in the order `counterexample` numbers them, each replaying its own example; ``blob``, the
+    example replayed, where the exception printed none."""
+    blobs = list(dict.fromkeys(failure_blobs(exc))) or [blob]
+    return "\n".join(reproduce_command(technique, impl, prop, profile, plugin, b) for b in blobs)
 
 
 def first_line(exc: BaseException) -> str:
@@ -241,12 +261,19 @@ def counterexample(exc: BaseException) -> str:
 
 def failure_blob(exc: BaseException) -> str | None:
     """``VERSION:BLOB`` of the first ``@reproduce_failure(...)`` Hypothesis printed (profiles with print_blob)."""
+    return next(iter(failure_blobs(exc)), None)
+
+
+def failure_blobs(exc: BaseException) -> list[str]:
+    """``VERSION:BLOB`` of each ``@reproduce_failure(...)`` Hypothesis printed, one per distinct failure."""
+    found = []
     for sub in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
         for n in getattr(sub, "__notes__", []):
             m = re.search(r"@reproduce_failure\('([^']+)', b'([^']+)'\)", n)
             if m:
-                return f"{m.group(1)}:{m.group(2)}"
-    return None
+                found.append(f"{m.group(1)}:{m.group(2)}")
+                break
+    return found
 
 
 def _margin(exc: BaseException) -> float | None:

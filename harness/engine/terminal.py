@@ -1,8 +1,12 @@
-"""What a person reads of a check: a progress line per finished (implementation, property), or a live bar on a
-terminal, then the implementation x property matrix with each failure, its example and its reproduce line."""
+"""What a person reads of a check: a live bar on a terminal, or in a log a progress line at most every 30 s and each
+failure as it comes; then the implementation x property matrix (not in `harness run`), each failure with its
+contract rule, example and reproduce lines, a line per known upstream failure and per skip reason with its count,
+and a summary line.  ``-v`` (``verbose`` / ``detail``) prints every line: per finished (implementation, property),
+per skip, each upstream failure in full."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -13,10 +17,59 @@ MARK = {"pass": "pass", "FAIL": "FAIL", "skip": "skip", "upstream": "upstr", "st
 NOT_RUN = "not run:"  # the message of a property its implementation's process never reached
 
 
-def print_matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], out) -> None:
+def print_matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], out, *,
+                 detail: bool = False, matrix: bool = True) -> None:
+    """The matrix (unless not ``matrix``: `harness run` leaves it to the JSON and ``-v``), each failure in full, the
+    known upstream failures one line per implementation and record, the skips one line per reason with its count
+    (``detail``: each upstream failure in full with its minimal reproduction, one skip line per property and
+    reason), and a summary line."""
     def say(*lines: str) -> None:
         print(*lines, sep="\n", file=out)
 
+    if matrix:
+        _matrix(technique, results, props, say)
+    verdicts = [v for r in results for v in r.verdicts]
+    for v in verdicts:
+        shown = v.status in ("FAIL", "stale") or v.status == "upstream" and detail  # upstream: one line, below
+        if shown and not v.message.startswith(NOT_RUN):
+            say(f"\n{v.status.upper()} {v.impl} / {v.property}: {v.message}")
+            if v.counterexample:
+                say("  " + v.counterexample.replace("\n", "\n  "))
+            if v.output:
+                say("  output of the implementation:", "    " + v.output.strip().replace("\n", "\n    "))
+            lines = v.reproduce.splitlines()  # one per distinct failure Hypothesis found
+            for i, line in enumerate(lines, 1):
+                say(f"  reproduce{f' failure {i} of {len(lines)}' if len(lines) > 1 else ''}: {line}")
+    upstream: dict[tuple[str, str], list[str]] = {}  # (implementation, its record) -> the properties it failed
+    for v in verdicts:
+        if v.status == "upstream" and not detail:
+            upstream.setdefault((v.impl, v.message.split("; this run:")[0]), []).append(v.property)
+    if upstream:
+        say("", *(f"upstr {impl}: {len(names)} propert{'ies' if len(names) > 1 else 'y'} ({', '.join(names[:2])}"
+                  f"{' and more' if len(names) > 2 else ''}): {record[:160]}{'...' if len(record) > 160 else ''}"
+                  for (impl, record), names in upstream.items()))
+    not_run: dict[tuple[str, str], list[str]] = {}  # (implementation, why) -> the properties never reached
+    for v in verdicts:
+        if v.status == "FAIL" and v.message.startswith(NOT_RUN):
+            not_run.setdefault((v.impl, v.message.removeprefix(NOT_RUN).strip()), []).append(v.property)
+    for (impl, why), props_left in not_run.items():
+        named = ", ".join(props_left[:3]) + (f" and {len(props_left) - 3} more" if len(props_left) > 3 else "")
+        say(f"\nNOT RUN {impl}: {len(props_left)} properties ({named}): {why}")
+    if detail:
+        for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
+            say(f"skip {prop}: {why}")
+    elif reasons := skip_reasons(verdicts):
+        say(*reasons)
+    count = {s: sum(v.status == s for v in verdicts) for s in MARK}
+    unreached = sum(map(len, not_run.values()))
+    say(("\n" if matrix else f"{technique} ({len(results)} implementations x {len(props)} properties): ")
+        + f"{count['pass']} passed, {count['FAIL'] - unreached} failed, {count['skip']} skipped"
+        + (f", {unreached} not run" if unreached else "")
+        + (f", {count['upstream']} known upstream failures" if count["upstream"] else "")
+        + (f", {count['stale']} stale upstream records" if count["stale"] else ""))
+
+
+def _matrix(technique: str, results: list[runner.ImplResult], props: list[runner.Property], say) -> None:
     cell = {(r.name, v.property): v for r in results for v in r.verdicts}
     width = max([len(r.name) for r in results] + [14])
     say(f"\n{technique}: implementation x property\n", *(f"  [{n}] {p.name}" for n, p in enumerate(props)))
@@ -28,31 +81,29 @@ def print_matrix(technique: str, results: list[runner.ImplResult], props: list[r
     declared = [(r.name, r.info["caps"]) for r in results if not r.info.get("mutant") and r.info.get("caps")]
     if declared:  # what each implementation declares beyond the defaults: a looser format is visible here
         say("", *(f"  {name} declares {', '.join(f'{k}={v}' for k, v in caps.items())}" for name, caps in declared))
-    verdicts = [v for r in results for v in r.verdicts]
+
+
+def skip_reasons(verdicts: list[runner.Verdict]) -> list[str]:
+    """One line per reason a property was skipped, most frequent first, with how many skips, implementations and
+    properties it covers.  A reason is the skip's message without the implementation's name in front (``X does not
+    declare 'triton'``) or behind (``...; X declares ('group',)``) and without a closing remark in parentheses, which
+    may vary per property; the line quotes the message where the group's are all the same, else that reason."""
+    groups: dict[str, list[runner.Verdict]] = {}
     for v in verdicts:
-        if v.status in ("FAIL", "stale", "upstream") and not v.message.startswith(NOT_RUN):
-            say(f"\n{v.status.upper()} {v.impl} / {v.property}: {v.message}")
-            if v.counterexample:
-                say("  " + v.counterexample.replace("\n", "\n  "))
-            if v.output:
-                say("  output of the implementation:", "    " + v.output.strip().replace("\n", "\n    "))
-            if v.reproduce:
-                say(f"  reproduce: {v.reproduce}")
-    not_run: dict[tuple[str, str], list[str]] = {}  # (implementation, why) -> the properties never reached
-    for v in verdicts:
-        if v.status == "FAIL" and v.message.startswith(NOT_RUN):
-            not_run.setdefault((v.impl, v.message.removeprefix(NOT_RUN).strip()), []).append(v.property)
-    for (impl, why), props_left in not_run.items():
-        named = ", ".join(props_left[:3]) + (f" and {len(props_left) - 3} more" if len(props_left) > 3 else "")
-        say(f"\nNOT RUN {impl}: {len(props_left)} properties ({named}): {why}")
-    for prop, why in sorted({(v.property, v.message) for v in verdicts if v.status == "skip"}):
-        say(f"skip {prop}: {why}")
-    count = {s: sum(v.status == s for v in verdicts) for s in MARK}
-    unreached = sum(map(len, not_run.values()))
-    say(f"\n{count['pass']} passed, {count['FAIL'] - unreached} failed, {count['skip']} skipped"
-        + (f", {unreached} not run" if unreached else "")
-        + (f", {count['upstream']} known upstream failures" if count["upstream"] else "")
-        + (f", {count['stale']} stale upstream records" if count["stale"] else ""))
+        if v.status == "skip":
+            groups.setdefault(_reason(v), []).append(v)
+    lines = []
+    for group in sorted(groups.values(), key=lambda g: (-len(g), _reason(g[0]))):
+        impls, props = len({v.impl for v in group}), len({v.property for v in group})
+        said = {v.message.removeprefix(f"{v.impl} ") for v in group}
+        lines.append(f"skip {len(group):>3}: {said.pop() if len(said) == 1 else _reason(group[0])} -- "
+                     f"{impls} implementation{'s' * (impls > 1)} x {props} propert{'ies' if props > 1 else 'y'}")
+    return lines
+
+
+def _reason(v: runner.Verdict) -> str:
+    said = re.sub(rf"; {re.escape(v.impl)} declares .*$", "", v.message.removeprefix(f"{v.impl} "))
+    return re.sub(r" \([^()]* [^()]*\)$", "", said)
 
 
 def report_load_errors() -> None:
@@ -61,15 +112,18 @@ def report_load_errors() -> None:
 
 
 class Printer(runner.Progress):
-    """Progress of a check: a line per finished (implementation, property) with its time and the technique's
-    ETA when the output is not a terminal (logs), a live bar that keeps failures and notes above it on one."""
+    """Progress of a check: a live bar on a terminal, which keeps failures and notes above it; elsewhere (a log) a
+    line with the count and the technique's ETA at most every EVERY_S seconds, and each failure as it comes.
+    ``verbose``: a line per finished (implementation, property) with its time.  ``quiet`` (mutants, where a failure
+    is a kill): no failure lines."""
 
     SLOW_S = 30.0  # a property still running after this long says so, with what its process reported
+    EVERY_S = 30.0
 
-    def __init__(self, technique: str, total: int, out, quiet: bool = False) -> None:
-        self.technique, self.total, self.out, self.quiet = technique, total, out, quiet
+    def __init__(self, technique: str, total: int, out, quiet: bool = False, verbose: bool = False) -> None:
+        self.technique, self.total, self.out, self.quiet, self.verbose = technique, total, out, quiet, verbose
         self.done, self.started_at, self.running, self.warned = 0, time.monotonic(), {}, set()
-        self.bar = None
+        self.bar, self.said_at = None, self.started_at
 
     def __enter__(self) -> Printer:
         if self.out.isatty() and self.total:
@@ -101,9 +155,15 @@ class Printer(runner.Progress):
             self.bar.update(1)
             if verdict.status == "FAIL" and not self.quiet and not unreached:
                 self._say(f"  FAIL {verdict.impl} / {verdict.property} ({verdict.seconds:.1f} s)")
-        elif (not self.quiet or verdict.status == "FAIL") and not unreached:
+        elif unreached:
+            pass
+        elif self.verbose and (not self.quiet or verdict.status == "FAIL") or (
+                verdict.status == "FAIL" and not self.quiet):
             self._say(f"  [{self.technique} {self.done}/{self.total}, ETA {_duration(eta)}] {verdict.impl} / "
                       f"{verdict.property}: {verdict.status} ({verdict.seconds:.1f} s)")
+        elif time.monotonic() - self.said_at >= self.EVERY_S and self.done < self.total:
+            self.said_at = time.monotonic()
+            self._say(f"  [{self.technique} {self.done}/{self.total}, ETA {_duration(eta)}]")
 
     def note(self, target, text: str) -> None:
         self._say(f"  note {target.label}: {text}")

@@ -52,7 +52,6 @@ def write_report(out: Path | None = None, only: list[str] | None = None, quick: 
             continue
         report.heading(title)
         start = time.perf_counter()
-        print(f"report: {title} ...", flush=True)
         try:
             fn(report)
         except NotImplementedError as exc:
@@ -66,7 +65,7 @@ def write_report(out: Path | None = None, only: list[str] | None = None, quick: 
             report.text(f"**Failed:** `{type(exc).__name__}: {exc}`")
             report.skipped.append(f"{title}: failed: {exc}")
             traceback.print_exc()
-        print(f"report: {title} done in {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"report: {title}: {time.perf_counter() - start:.0f} s", flush=True)  # one line a section
     if report.skipped:
         report.heading(SKIPPED)
         report.lines += [f"- {s}" for s in report.skipped] + [""]
