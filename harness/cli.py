@@ -30,7 +30,7 @@ from llm_inference_harness.engine.registry import (
     enable_entry_points,
     impls,
 )
-from llm_inference_harness.engine.terminal import Printer, print_matrix, report_load_errors
+from llm_inference_harness.engine.terminal import Printer, mutant_score, print_matrix, print_score, report_load_errors
 
 SCHEMA = VERDICTS_SCHEMA
 FAILING = ("FAIL", "stale")  # statuses that make a check exit 1 (an upstream failure is recorded, not failing)
@@ -436,7 +436,7 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
             scores.append((t, document["score"]))
         documents.append(document)
     if score:
-        _print_score(scores, profile, out)
+        print_score(scores, profile, out)
     _write_json(json_path, scale.annotate({"schema": SCHEMA, "schema_version": provenance.SCHEMA_VERSION,
                                            "kind": "mutants", **provenance.run_info(profile), "techniques": documents},
                                           plan))
@@ -444,42 +444,6 @@ def mutants(techniques: list[str], *, profile: str, jobs: int, json_path: str | 
     for why, names in not_run.items():
         print(f"{len(names)} mutant(s) not run here, {why}: {', '.join(names)}", file=out)
     return 1 if survivors else 0
-
-
-def mutant_score(first: list[runner.ImplResult], thorough: list[runner.ImplResult]) -> dict:
-    """Per mutant: killed under the run's profile (all properties) and under thorough (its declared killers), the
-    properties that killed it, and the margin of its declared killer's failing case (error / bound, where the
-    killer compares with an earned bound); and the technique's counts and median margin."""
-    by_name = {r.name: r for r in thorough}
-    rows = []
-    for r in first:
-        killed, _ = runner.mutant_status(r)
-        declared = [v for v in r.verdicts if v.status == "FAIL" and v.property in r.info.get("killed_by", ())]
-        margins = [v.margin for v in declared if v.margin is not None]
-        rows.append({"mutant": r.name, "killed": killed, "not_run_here": runner.not_run_here(r),
-                     "killed_thorough": by_name[r.name].verdicts != [] and runner.mutant_status(by_name[r.name])[0],
-                     "killers": [v.property for v in r.verdicts if v.status == "FAIL"],
-                     "margin": max(margins) if margins else None})
-    margins = sorted(row["margin"] for row in rows if row["margin"] is not None)
-    return {"mutants": rows, "killed": sum(row["killed"] for row in rows),
-            "killed_thorough": sum(row["killed_thorough"] for row in rows),
-            "median_margin": margins[len(margins) // 2] if margins else None}
-
-
-def _print_score(scores: list[tuple[str, dict]], profile: str, out) -> None:
-    print(f"\nmutant power ({profile}: every property; thorough: the declared killers)\n", file=out)
-    print(f"  {'technique':<20} {'mutants':>7} {'killed ' + profile:>12} {'killed thorough':>16} {'median margin':>14}",
-          file=out)
-    for t, s in scores:
-        margin = f"{s['median_margin']:.3g}" if s["median_margin"] is not None else "-"
-        print(f"  {t:<20} {len(s['mutants']):>7} {s['killed']:>12} {s['killed_thorough']:>16} {margin:>14}", file=out)
-    for t, s in scores:
-        print(f"\n  {t}", file=out)
-        for row in s["mutants"]:
-            margin = f", margin {row['margin']:.3g}" if row["margin"] is not None else ""
-            killers = f"not run here: {row['not_run_here']}" if row["not_run_here"] else \
-                f"killed by {', '.join(row['killers']) or 'NOTHING'}{margin}"
-            print(f"    {row['mutant']:<40} {killers}", file=out)
 
 
 def cmd_run(args) -> int:

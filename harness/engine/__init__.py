@@ -19,8 +19,9 @@ below, never above):
   registry, plugins -- above contracts: the registry validates a declaration against its technique's
       capabilities, so it imports the contracts; the contracts name `Impl` for type checking only.
   batch_invariance -- above strategies and references: the batch-invariance properties' shared comparisons.
-  runner, pytest_plugin, callserver, zygote -- above the properties, which they import by the module names each
-      technique lists (the call server loads an implementation in its own process as the runner does).
+  runner, laws, terminal, pytest_plugin, callserver, zygote -- above the properties, which they import by the module
+      names each technique lists (the call server loads an implementation in its own process as the runner does;
+      laws executes a property module afresh where a run needs its tests unshrunk or replaying a failure).
   units, executors, scale, merge, measure, enumeration_pool, mutation -- runs built from many checks, above the
       runner.
 """

@@ -220,8 +220,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_runtest_call(item: pytest.Item):
     """A known upstream failure runs without shrinking: the xfail needs one failing example, and shrinking one
     replays hundreds of variations (tens of seconds for a transformers model) to print nothing."""
+    from llm_inference_harness.engine.laws import law, shrinking
     from llm_inference_harness.engine.registry import KNOWN_FAILURES
-    from llm_inference_harness.engine.runner import Property, law, shrinking
+    from llm_inference_harness.engine.runner import Property
 
     impl = getattr(getattr(item, "callspec", None), "params", {}).get("impl")
     technique = _technique_of(getattr(item, "module", None).__name__) if impl is not None else None
