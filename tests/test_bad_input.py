@@ -279,8 +279,9 @@ def argument_lists(draw) -> list[str]:
     return [command, *draw(st.lists(value, max_size=2)), *(t for f, values in flags for t in (f, *values))]
 
 
-# nested_given: a command that reaches its work imports a technique's property modules, whose @given run at import
-# (not a test nested in this one: nothing of theirs is executed here)
+# too_slow: an example is a whole command line's validation, which may import a technique's property modules (a
+# second or more the first time); nested_given: those modules' @given run at their import (not a test nested in
+# this one: nothing of theirs is executed here)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.nested_given])
 @given(argv=argument_lists())
 def test_any_argument_list_exits_with_a_documented_code_and_no_traceback(argv, no_work):
