@@ -59,6 +59,7 @@ independent of the pool size.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -189,6 +190,8 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
 QUERIES = ("block_table", "is_swapped", "num_tokens", "ref_count", "num_free_blocks", "num_free_cpu_blocks",
            "lookup_prefix")
 SNAPSHOT_BLOCKS = 4096  # pools up to this size have every block's count in a step's snapshot
+SEQ_QUERIES = ("block_table", "is_swapped", "num_tokens")
+WINDOW = 12  # a snapshot after a change holds the queries asked in the state before it and in this many before that
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
                      # cache through the lookups of its latest prompts before and after every step)
 
@@ -208,6 +211,7 @@ class Observed:
         self._lookups: dict = {}  # token lists the caller looked up, the latest last
         self._answers: dict | None = None
         self._asked: dict | None = None  # the queries asked in this state, {key: (name, args)}; None before a change
+        self._window: collections.deque = collections.deque(maxlen=WINDOW)  # those of the states before it
 
     def __getattr__(self, name: str) -> Any:
         if name in QUERIES:
@@ -220,12 +224,18 @@ class Observed:
             for a in args[:2]:
                 if is_int(a):
                     self._seqs.setdefault(a)
-            snapshot = self._snapshot()
-            replies = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot], self._limit)
-            reply = replies[0]
-            if name == "free" and reply.kind == "ok" and args:
-                self._seqs.pop(args[0], None)  # its queries now raise: asked one by one, if ever
-            self._answers, self._asked = self._keyed(snapshot, replies[1:]), {}
+            if name == "free" and args:
+                self._forget(args[0])  # its queries will raise: asked one by one, if ever
+            snapshot = self._snapshot(args)
+
+            def settle(replies: list) -> None:  # before the storage's calls are replayed: it may ask the counts
+                if self._asked is not None:
+                    self._window.append(self._asked)
+                self._answers, self._asked = dict(zip(snapshot, replies[1:], strict=True)), {}
+
+            self._answers = {}  # a failure to reply leaves no answer of the state before
+            reply = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot.values()],
+                                              self._limit, then=settle)[0]
             if reply.kind == "raised":
                 raise reply.error
             if reply.kind != "ok":
@@ -237,12 +247,12 @@ class Observed:
     def _query(self, name: str, args: tuple) -> Any:
         if self._answers is None:
             self._answers = self._fetch(self._snapshot())
-        key = (name, tuple(tuple(a) if isinstance(a, list) else a for a in args))
+        key = _key(name, args)
         if name == "lookup_prefix" and len(args) == 1 and isinstance(args[0], list | tuple):
             self._lookups.pop(key[1][0], None)
             self._lookups[key[1][0]] = None
         if key not in self._answers:
-            self._answers.update(self._fetch([(name, args)]))
+            self._answers.update(self._fetch({key: (name, args)}))
         if self._asked is not None:
             self._asked[key] = (name, args)
         reply = self._answers[key]
@@ -252,23 +262,33 @@ class Observed:
             raise ContractViolation(reply.payload)
         return list(reply.value) if isinstance(reply.value, list) else reply.value  # the caller's own list
 
-    def _snapshot(self) -> list[tuple[str, tuple]]:
+    def _forget(self, seq: Any) -> None:
+        self._seqs.pop(seq, None)
+        for asked in (*self._window, self._asked or {}):
+            for key in [k for k in asked if k[0] in SEQ_QUERIES and k[1] == (seq,)]:
+                del asked[key]
+
+    def _snapshot(self, args: tuple = ()) -> dict:
+        """{key: (name, args)}: before the first change, everything known (`SNAPSHOT_BLOCKS`); after it, the queries
+        the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones)."""
         if self._asked is not None:
-            return list(self._asked.values())
+            named = [(q, (a,)) for a in args[:2] if is_int(a) for q in SEQ_QUERIES]  # a new sequence's, likely
+            return {**{_key(*call): call for call in named},
+                    **{k: call for asked in (*self._window, self._asked) for k, call in asked.items()}}
         calls = [("num_free_blocks", ()), ("num_free_cpu_blocks", ())]
         if self._blocks <= SNAPSHOT_BLOCKS:
             calls += [("ref_count", (b,)) for b in range(self._blocks)]
         recent = list(self._lookups)[-RECENT_LOOKUPS:]
-        return calls + [(q, (s,)) for s in self._seqs for q in ("block_table", "is_swapped", "num_tokens")] + [
-            ("lookup_prefix", (list(t),)) for t in recent]
+        calls += [(q, (s,)) for s in self._seqs for q in SEQ_QUERIES] + [("lookup_prefix", (list(t),)) for t in recent]
+        return {_key(*call): call for call in calls}
 
-    def _fetch(self, calls: list[tuple[str, tuple]]) -> dict:
-        return self._keyed(calls, self._m.process.call_many(self._m.handle, calls, self._limit))
+    def _fetch(self, calls: dict) -> dict:
+        return dict(zip(calls, self._m.process.call_many(self._m.handle, list(calls.values()), self._limit),
+                        strict=True))
 
-    @staticmethod
-    def _keyed(calls: list[tuple[str, tuple]], replies: list) -> dict:
-        return {(name, tuple(tuple(a) if isinstance(a, list) else a for a in args)): reply
-                for (name, args), reply in zip(calls, replies, strict=True)}
+
+def _key(name: str, args: tuple) -> tuple:
+    return name, tuple(tuple(a) if type(a) is list else a for a in args)
 
 
 def guarded_batch(impl: Impl, fn: Any) -> Any:

@@ -155,6 +155,7 @@ class EnumerationTooSlow(AssertionError):
 # model rows, every round's result is pickled back); the goal case, 22,475 runs, runs faster in one process
 PARALLEL_AFTER_RUNS = 50_000
 MAX_WORKERS = 8
+MANY_PATHS = 4096  # paths in one message of `_Enumerator.explore_together` (a sampler in its own process)
 
 
 def can_fork() -> bool:
@@ -456,17 +457,41 @@ class _Enumerator:
         return found
 
     def prefetch(self, states: list) -> None:
-        """Explore ``states`` and every round state they lead to in the workers, one level at a time."""
+        """Explore ``states`` and every round state they lead to, one level at a time: in the workers, or each
+        level's states together in the messages of a runner in another process (`explore_together`)."""
         rounds = self.rounds
         level = list(dict.fromkeys(s for s in states if s not in rounds))
         while level:
             level.sort(key=lambda s: -s[1])  # bigger budgets, bigger rounds: first
             tasks = [(ctx, budget, [([], 1.0, None)]) for ctx, budget in level]
-            for state, result in zip(level, self.pool.map(tasks, self.clock, ordered=True), strict=True):
-                rounds[state] = self.received(result)
+            for state, result in zip(level, self.pool.map(tasks, self.clock, ordered=True) if self.pool.started
+                                     else self.explore_together(level), strict=True):
+                rounds[state] = self.received(result) if self.pool.started else result
                 rounds[state].expand()
             level = list(dict.fromkeys((ctx + t, budget - len(t)) for ctx, budget in level
                                        for t in rounds[(ctx, budget)].cut if (ctx + t, budget - len(t)) not in rounds))
+
+    def explore_together(self, states: list) -> list[_Round]:
+        """`explore_branches` of several round states at once: each message to the runner carries the next batch
+        of every state with branches left (up to ``MANY_PATHS`` paths), sent before the last one's runs settle."""
+        work, inflight = {state: (_Round(), [([], 1.0, None)], {}) for state in states}, None  # runs, stack, patterns
+        while True:
+            groups, room = [], MANY_PATHS
+            for state, (_, stack, _) in work.items():
+                if stack and room > 0:
+                    groups.append((state, [stack.pop() for _ in range(min(len(stack), self.runner.batch, room))]))
+                    room -= len(groups[-1][1])
+            ticket = self.runner.start_many([(*st, [t[0] for t in taken]) for st, taken in groups]) if groups else None
+            for (state, taken), results in zip(*inflight, strict=True) if inflight else ():
+                found, stack, self.patterns = work[state]
+                for (path, prob, confirm), r in zip(taken, results, strict=True):
+                    found.runs += 1
+                    self.settle(found, state[1], path, prob, confirm, r.new, r.done, r.tokens, r.depth, r.calls,
+                                stack)
+                    self.after_run(found, state, stack)
+            if not groups and inflight is None:
+                return [found for found, _, _ in work.values()]
+            inflight = (groups, self.runner.finish_many(ticket)) if groups else None
 
     def probe_budget(self, ctx: tuple[int, ...]) -> None:
         """One run from ``ctx`` with one token left: a sampler that drafts past its budget shows it here, at
@@ -480,7 +505,7 @@ class _Enumerator:
             return self.table[(ctx, budget)]
         found = self.round_of(ctx, budget)
         out, groups = found.out, found.out_groups  # composed in place: a round's own outcomes are read only here
-        if found.cut and self.pool.started:
+        if found.cut and (self.pool.started or hasattr(self.runner, "start_many")):
             self.prefetch([(ctx + t, budget - len(t)) for t in found.cut])
         # Composed once per distinct round outcome, not once per run: thousands of runs (the drafts a
         # rejection discards) end in the same tokens, and each would otherwise walk the whole sub-distribution.

@@ -411,6 +411,18 @@ def run_paths(server, session: int, setup: dict | None, ctx: list, budget: int, 
     return out
 
 
+def run_paths_many(server, session: int, setup: dict | None, groups: list) -> list:
+    """`run_paths` of several round states, ``groups`` of (ctx, budget, paths): each one's report, until one
+    raises."""
+    out = []
+    for ctx, budget, paths in groups:
+        out.append(run_paths(server, session, setup, ctx, budget, paths, False))
+        setup = None
+        if any(entry[0] == "raised" for entry in out[-1]):
+            break
+    return out
+
+
 # --- in the judge ------------------------------------------------------------------------------------------------
 class RemoteRunner:
     """Runs the sampler in the implementation's process, ``batch`` paths a message; checks every report."""
@@ -443,7 +455,32 @@ class RemoteRunner:
     def finish(self, ticket: tuple) -> list[RunResult]:
         rid, paths = ticket
         entries = self._entries(self.process.wait(rid, self._limit(paths)), paths, probe=False)
-        return [self._checked(e, path) for e, path in zip(entries, paths, strict=False)]
+        results = [self._checked(e, path) for e, path in zip(entries, paths, strict=False)]
+        self._distributions([c for r in results for c in r.new])
+        return results
+
+    def start_many(self, groups: list[tuple[tuple[int, ...], int, list[list[int]]]]) -> tuple:
+        """Send the next batch of several round states, ``groups`` of (ctx, budget, paths), in one message."""
+        setup, self.setup = self.setup, None
+        groups = [(list(ctx), budget, paths) for ctx, budget, paths in groups]
+        return self.process.post(("paths_many", self.session, setup, groups)), groups
+
+    def finish_many(self, ticket: tuple) -> list[list[RunResult]]:
+        """Each group's runs, checked as `finish` checks them."""
+        rid, groups = ticket
+        reply = self.process.wait(rid, self._limit([p for _, _, paths in groups for p in paths]))
+        reports = reply.value if reply.kind == "paths" else None
+        if type(reports) is not list or len(reports) > len(groups):
+            raise self.process.crash("crashed: the implementation's process answered an enumeration batch with "
+                                     "something else")
+        results = []
+        for report, (_, _, paths) in zip(reports, groups, strict=False):
+            entries = self._report(report, paths, probe=False)
+            results.append([self._checked(e, path) for e, path in zip(entries, paths, strict=False)])
+        if len(results) != len(groups):
+            raise self.process.crash("crashed: an enumeration report of the wrong length")
+        self._distributions([c for runs in results for r in runs for c in r.new])
+        return results
 
     def probe(self, ctx: tuple[int, ...]) -> None:
         setup, self.setup = self.setup, None
@@ -454,9 +491,11 @@ class RemoteRunner:
         return self.process.call_limit_s * max(1, len(paths) // 64) + 3.0
 
     def _entries(self, reply, paths: list, probe: bool) -> list:
+        return self._report(reply.value if reply.kind == "paths" else None, paths, probe)
+
+    def _report(self, entries, paths: list, probe: bool) -> list:
         from llm_inference_harness.engine import wire
 
-        entries = reply.value if reply.kind == "paths" else None
         if type(entries) is not list:
             raise self.process.crash("crashed: the implementation's process answered an enumeration batch with "
                                      "something else")
@@ -482,13 +521,13 @@ class RemoteRunner:
             tag, done, tokens, depth, calls, new = entry
             if tag != "run" or type(done) is not bool or type(depth) is not int or type(calls) is not int:
                 raise ValueError("a run's fields")
-            if type(tokens) is not list or not all(type(t) is int and 0 <= t < self.vocab_size for t in tokens):
+            if type(tokens) is not list or (tokens and (set(map(type, tokens)) != {int} or min(tokens) < 0
+                                                        or max(tokens) >= self.vocab_size)):
                 raise ValueError(f"tokens {tokens!r:.80} outside the vocabulary")
             choices = []
-            for weights, chosen, token_row in new:
-                w = np.asarray(weights, dtype=np.float64)
-                if w.ndim != 1 or not (type(chosen) is int and 0 <= chosen < len(w) and w[chosen] > 0) or \
-                        type(token_row) is not bool or not (w.min() >= 0 and abs(w.sum() - 1) <= PROBABILITY_SUM):
+            for weights, chosen, token_row in new:  # their values: `_distributions`, over the batch at once
+                if type(weights) is not list or not weights or set(map(type, weights)) != {float} or not (
+                        type(chosen) is int and 0 <= chosen < len(weights)) or type(token_row) is not bool:
                     raise ValueError("a choice that is not a draw from a distribution")
                 choices.append((weights, chosen, token_row))
             if not len(path) <= depth <= len(path) + len(choices) or calls < 0:
@@ -496,3 +535,16 @@ class RemoteRunner:
         except (TypeError, ValueError) as exc:
             raise self.process.crash(f"crashed: the implementation's process sent a malformed run ({exc})") from None
         return RunResult(done, tuple(tokens), depth, calls, choices)
+
+    def _distributions(self, choices: list) -> None:
+        """Every choice of a batch's runs a draw from a distribution: weights >= 0 summing to 1, the chosen
+        outcome possible (checked a vector length at a time, one array each)."""
+        by_length: dict[int, list] = {}
+        for weights, chosen, _ in choices:
+            by_length.setdefault(len(weights), []).append((weights, chosen))
+        for group in by_length.values():
+            w = np.array([weights for weights, _ in group], dtype=np.float64)
+            picked = w[np.arange(len(group)), [chosen for _, chosen in group]]
+            if not ((w >= 0).all() and (picked > 0).all() and (np.abs(w.sum(axis=1) - 1) <= PROBABILITY_SUM).all()):
+                raise self.process.crash("crashed: the implementation's process sent a malformed run (a choice that "
+                                         "is not a draw from a distribution)")
