@@ -182,10 +182,12 @@ class PluginProcess:
 
     # -- calls -----------------------------------------------------------------------------------------------
     def call(self, handle: int, method: str, args: tuple, kwargs: dict, *, timeout_s: float,
-             arg_names: tuple[str, ...] = (), owns_torch_rng: bool = False) -> Reply:
+             arg_names: tuple[str, ...] = (), owns_torch_rng: bool = False, paths: list | None = None) -> Reply:
         """One call, its inputs through the arena; the reply as it came, the inputs checked afterwards.  The last
         call's inputs are compared once more first: an implementation that left a thread writing into them after
-        it returned is caught here, before the arena is reused."""
+        it returned is caught here, before the arena is reused.  ``paths``: the call once per path of scripted
+        draws, its ``rng`` a replay of that path over there, under one guard (`Server.call`): the reply's value is
+        the list of the runs' reports."""
         from llm_inference_harness.sampling.lm import TorchRng
 
         if self.last_inputs is not None:
@@ -209,6 +211,7 @@ class PluginProcess:
 
         meters, headroom = METERS.get(), HEADROOM.get()
         options = {"timeout_s": timeout_s, "owns_torch_rng": owns_torch_rng, **dict(_context.get()),
+                   **({"paths": paths} if paths is not None else {}),
                    **({"measure_memory": True} if meters else {}), **({"headroom": headroom} if headroom else {})}
         reply = self.request(("call", handle, method, positional, keywords, options), timeout_s + GRACE_S)
         reply.mutated = wire.changed_inputs(encoder)

@@ -160,6 +160,8 @@ class Server:
         kwargs = {k: self.decoder.decode(v) for k, v in kwargs}
         if options.get("measure_memory"):
             fn = _measured(fn, extras)
+        if "paths" in options:
+            fn = _replayed(fn, options["paths"])
         try:
             with _settings(options):
                 out = guarded_call(fn, *args, timeout_s=options["timeout_s"], owns_torch_rng=options["owns_torch_rng"],
@@ -325,6 +327,26 @@ def _settings(options: dict):
             yield
     finally:
         torch.set_num_threads(threads)
+
+
+def _replayed(fn, paths: list):
+    """``fn`` once per path of scripted draws, its ``rng`` a replay of the path: each run's report, the output with
+    the draws made (harness/sampling/replay.py), or what it raised (the last report)."""
+    from llm_inference_harness.sampling.replay import ReplayRng
+
+    def runs(*args, **kwargs):
+        reports = []
+        for path in paths:
+            rng = ReplayRng(path)
+            try:
+                out = fn(*args, rng=rng, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the judge raises it, as a call's own exception
+                reports.append(("raised", wire.encode_exception(exc)))
+                break
+            reports.append(("run", out, rng.depth, [(list(map(float, w)), c, t) for w, c, t in rng.new]))
+        return reports
+
+    return runs
 
 
 def _measured(fn, extras: dict):

@@ -199,14 +199,14 @@ def _is_remote(fn: Any) -> bool:
 
 
 def _remote_call(fn: Any, args: tuple, kwargs: dict, key: int, *, timeout_s: float, arg_names: tuple[str, ...],
-                 owns_torch_rng: bool, guarded: bool) -> Any:
+                 owns_torch_rng: bool, guarded: bool, paths: list | None = None) -> Any:
     """A call in the implementation's process.  ``guarded``: what the call raised becomes a ContractViolation
     caused by it, as in-process; otherwise it is raised as it is (a direct call, e.g. a factory or a method of
     an untimed manager)."""
     owner, method = (fn, "__call__") if isinstance(fn, Remote) else (fn.owner, fn.name)
     try:
         reply = owner.process.call(owner.handle, method, args, kwargs, timeout_s=timeout_s, arg_names=arg_names,
-                                   owns_torch_rng=owns_torch_rng)
+                                   owns_torch_rng=owns_torch_rng, paths=paths)
     except Hung as exc:
         _hung[key] = (f"hung: no result within the per-call limit of {timeout_s:g} s (it caught the alarm or never "
                       "returned to Python); its process group was killed")
@@ -238,6 +238,19 @@ def call_unguarded(owner: Any, method: str, args: tuple, kwargs: dict) -> Any:
         raise ContractViolation(_hung[key])
     return _remote_call(fn, args, kwargs, key, timeout_s=owner.process.call_limit_s, arg_names=(),
                         owns_torch_rng=False, guarded=False)
+
+
+def replayed_calls(fn: Any, args: tuple, paths: list[list[int]], *, timeout_s: float) -> list:
+    """``fn(*args, rng=ReplayRng(path))`` (harness/sampling/replay.py) for each path, in the implementation's process
+    (``fn`` a `Remote` or one of its methods), one message and one guard over there for all of them: the runs'
+    reports as it sent them, ``("run", output, depth, choices)`` or ``("raised", exception)``, up to the first that
+    raised.  As a direct call: the implementation's own per-call limit applies to the batch."""
+    owner = fn if isinstance(fn, Remote) else fn.owner
+    key = id(owner.process.impl_fn) if owner.process.impl_fn is not None else id(owner)
+    if key in _hung:
+        raise ContractViolation(_hung[key])
+    return _remote_call(fn, args, {}, key, timeout_s=timeout_s, arg_names=(), owns_torch_rng=False, guarded=False,
+                        paths=paths)
 
 
 class _Expired(BaseException):

@@ -64,7 +64,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,7 +74,7 @@ from llm_inference_harness.engine import isolation
 from llm_inference_harness.engine.guard import is_remote
 from llm_inference_harness.engine.progress import progress as progress_bar
 from llm_inference_harness.sampling.lm import LM
-from llm_inference_harness.sampling.replay import (  # noqa: F401 - ReplayRng and DraftsPastBudget: part of this module's face
+from llm_inference_harness.sampling.replay import (  # noqa: F401 - ReplayRng, explore, ...: part of this module's face
     DraftsPastBudget,
     PathRunner,
     RemoteRunner,
@@ -82,7 +82,10 @@ from llm_inference_harness.sampling.replay import (  # noqa: F401 - ReplayRng an
     RunResult,
     _Clock,
     check_output,
+    explore,
+    explore_batches,
     past_budget,
+    push_alternatives,
     tokens_of,
 )
 from llm_inference_harness.sampling.workers import Workers
@@ -90,40 +93,17 @@ from llm_inference_harness.sampling.workers import Workers
 NOTE_AFTER_S = 30.0  # an enumeration running longer prints where its time went
 
 
-def push_alternatives(stack: list, path: list[int], prob: float, new: list, upto: int) -> float:
-    """Push the alternatives of the first ``upto`` new choices of a run along ``path`` (probability ``prob``
-    so far); return the probability of the run's own choices."""
-    taken = list(path)
-    for weights, chosen, _ in new[:upto]:
-        stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights) if w > 0 and o != chosen)
-        taken.append(chosen)
-        prob *= weights[chosen]
-    return prob
-
-
-def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Hashable, float]]:
-    """Yield (outcome, probability) for every branch of ``run``; the probabilities sum to one."""
-    stack: list = [([], 1.0, None)]
-    while stack:
-        path, prob, _ = stack.pop()
-        rng = ReplayRng(path)
-        outcome = run(rng)
-        prob = push_alternatives(stack, path, prob, rng.new, len(rng.new))
-        if bar is not None:
-            bar.update()
-        yield outcome, prob
-
-
 class TooManyBranches(AssertionError):
     """An enumeration past its budget of runs: a sampler whose draws branch further than its case allows."""
 
 
-def outcome_distribution(run: Callable[[ReplayRng], Hashable], *, max_runs: int) -> dict[Hashable, float]:
-    """P(outcome) of ``run`` over every branch of its draws (`explore`, summed per outcome); `TooManyBranches`
-    past ``max_runs`` runs, so that a sampler that keeps drawing gets a verdict, not an endless search.  For a
-    sampler of one step (a token per row of a batch) there are no rounds to merge: every branch is one run."""
+def outcome_distribution(run: Callable[[ReplayRng], Hashable], *, max_runs: int,
+                         run_many: Callable | None = None) -> dict[Hashable, float]:
+    """P(outcome) of ``run`` over every branch of its draws (`explore`, or `explore_batches` of ``run_many``, summed
+    per outcome); `TooManyBranches` past ``max_runs`` runs, so that a sampler that keeps drawing gets a verdict, not
+    an endless search.  For a sampler of one step (a token per row of a batch) every branch is one run."""
     dist: dict[Hashable, float] = defaultdict(float)
-    for runs, (outcome, prob) in enumerate(explore(run), 1):
+    for runs, (outcome, prob) in enumerate(explore(run) if run_many is None else explore_batches(run_many), 1):
         if runs > max_runs:
             raise TooManyBranches(f"more than {max_runs} branches of the sampler's draws (each run is one branch): it "
                                   "draws more often than one categorical per row and a bounded chain of retries")

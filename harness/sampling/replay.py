@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +98,40 @@ class ReplayRng:
             self.depth = depth + 1
             return self.path[depth]
         return self._choose(list(weights), token_row)
+
+
+def push_alternatives(stack: list, path: list[int], prob: float, new: list, upto: int) -> float:
+    """Push the alternatives of the first ``upto`` new choices of a run along ``path`` (probability ``prob``
+    so far); return the probability of the run's own choices."""
+    taken = list(path)
+    for weights, chosen, _ in new[:upto]:
+        stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights) if w > 0 and o != chosen)
+        taken.append(chosen)
+        prob *= weights[chosen]
+    return prob
+
+
+def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Hashable, float]]:
+    """Yield (outcome, probability) for every branch of ``run``; the probabilities sum to one."""
+    stack: list = [([], 1.0, None)]
+    while stack:
+        path, prob, _ = stack.pop()
+        rng = ReplayRng(path)
+        outcome = run(rng)
+        prob = push_alternatives(stack, path, prob, rng.new, len(rng.new))
+        if bar is not None:
+            bar.update()
+        yield outcome, prob
+
+
+def explore_batches(run_many: Callable[[list[list[int]]], list], batch: int = 512) -> Iterator[tuple[Hashable, float]]:
+    """`explore` with ``run_many(paths) -> [(outcome, its new choices), ...]`` running up to ``batch`` paths at once
+    (a sampler in its own process: one message each); the same branches, visited in another order."""
+    stack: list = [([], 1.0, None)]
+    while stack:
+        taken = [stack.pop() for _ in range(min(len(stack), batch))]
+        for (path, prob, _), (outcome, new) in zip(taken, run_many([t[0] for t in taken]), strict=True):
+            yield outcome, push_alternatives(stack, path, prob, new, len(new))
 
 
 # Replays return shared 0-dim tensors: creating a fresh one costs more than the rest of a choice.
@@ -423,6 +457,24 @@ def run_paths_many(server, session: int, setup: dict | None, groups: list) -> li
     return out
 
 
+def well_formed(choices: list) -> bool:
+    """Each (weights, chosen, token_row): float weights >= 0 summing to one, the chosen outcome possible (checked
+    a vector length at a time, one array each)."""
+    by_length: dict[int, list] = {}
+    for choice in choices:
+        weights, chosen, token_row = choice
+        if type(weights) is not list or not weights or set(map(type, weights)) != {float} or not (
+                type(chosen) is int and 0 <= chosen < len(weights)) or type(token_row) is not bool:
+            return False
+        by_length.setdefault(len(weights), []).append((weights, chosen))
+    for group in by_length.values():
+        w = np.array([weights for weights, _ in group], dtype=np.float64)
+        picked = w[np.arange(len(group)), [chosen for _, chosen in group]]
+        if not ((w >= 0).all() and (picked > 0).all() and (np.abs(w.sum(axis=1) - 1) <= PROBABILITY_SUM).all()):
+            return False
+    return True
+
+
 # --- in the judge ------------------------------------------------------------------------------------------------
 class RemoteRunner:
     """Runs the sampler in the implementation's process, ``batch`` paths a message; checks every report."""
@@ -525,10 +577,7 @@ class RemoteRunner:
                                                         or max(tokens) >= self.vocab_size)):
                 raise ValueError(f"tokens {tokens!r:.80} outside the vocabulary")
             choices = []
-            for weights, chosen, token_row in new:  # their values: `_distributions`, over the batch at once
-                if type(weights) is not list or not weights or set(map(type, weights)) != {float} or not (
-                        type(chosen) is int and 0 <= chosen < len(weights)) or type(token_row) is not bool:
-                    raise ValueError("a choice that is not a draw from a distribution")
+            for weights, chosen, token_row in new:  # checked by `_distributions`, over the batch at once
                 choices.append((weights, chosen, token_row))
             if not len(path) <= depth <= len(path) + len(choices) or calls < 0:
                 raise ValueError("a round's depth outside the choices it made")
@@ -537,14 +586,7 @@ class RemoteRunner:
         return RunResult(done, tuple(tokens), depth, calls, choices)
 
     def _distributions(self, choices: list) -> None:
-        """Every choice of a batch's runs a draw from a distribution: weights >= 0 summing to 1, the chosen
-        outcome possible (checked a vector length at a time, one array each)."""
-        by_length: dict[int, list] = {}
-        for weights, chosen, _ in choices:
-            by_length.setdefault(len(weights), []).append((weights, chosen))
-        for group in by_length.values():
-            w = np.array([weights for weights, _ in group], dtype=np.float64)
-            picked = w[np.arange(len(group)), [chosen for _, chosen in group]]
-            if not ((w >= 0).all() and (picked > 0).all() and (np.abs(w.sum(axis=1) - 1) <= PROBABILITY_SUM).all()):
-                raise self.process.crash("crashed: the implementation's process sent a malformed run (a choice that "
-                                         "is not a draw from a distribution)")
+        """Every choice of a batch's runs a draw from a distribution (`well_formed`)."""
+        if not well_formed(choices):
+            raise self.process.crash("crashed: the implementation's process sent a malformed run (a choice that is "
+                                     "not a draw from a distribution)")
