@@ -82,6 +82,7 @@ class Server:
         self.handed: collections.deque = collections.deque(maxlen=HANDED)  # (list, its items, the method)
         self.models: dict = {}  # key -> (model, the path it was sent as, its state then)
         self.decoder = wire.Decoder(self.resolve, trusted=True, arena_map=lambda: self.maps[-1], values=self.value)
+        self.state: list = [None]  # the global state after the last guarded call, if nothing has run since
 
     # -- loading ---------------------------------------------------------------------------------------------
     def load(self, load: dict) -> bool:
@@ -132,6 +133,8 @@ class Server:
             if obj is not None:
                 self.handles.pop(id(obj), None)
         extras: dict = {}
+        if op not in ("call", "many"):
+            self.state[0] = None  # its own code ran outside the guard: the next call reads the state afresh
         if op == "call":
             kind, payload = self.call(*rest, extras)
         elif op == "getattr":
@@ -162,10 +165,13 @@ class Server:
             fn = _measured(fn, extras)
         if "paths" in options:
             fn = _replayed(fn, options["paths"])
+        known = self.state
+        if "threads" in options or "torch_seed" in options:  # the judge's settings change the state: read afresh
+            known = self.state[0] = None
         try:
             with _settings(options):
                 out = guarded_call(fn, *args, timeout_s=options["timeout_s"], owns_torch_rng=options["owns_torch_rng"],
-                                   compare_tensors=False, **kwargs)
+                                   compare_tensors=False, known_state=known, **kwargs)
         except ContractViolation as exc:
             cause = exc.__cause__
             if isinstance(cause, BaseException) and str(exc).startswith("raised "):
@@ -231,7 +237,7 @@ class Server:
             return out
 
         try:
-            return guarded_call(run, timeout_s=timeout_s, compare_tensors=False)
+            return guarded_call(run, timeout_s=timeout_s, compare_tensors=False, known_state=self.state)
         except ContractViolation as exc:
             return [("violation", str(exc))] * len(groups)
 

@@ -106,7 +106,7 @@ def names_argument(message: str, *args: str) -> bool:
 def guarded_call(
     fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
     hang_owner: Any = None, watch: dict[str, Any] | None = None, owns_torch_rng: bool = False,
-    compare_tensors: bool = True, **kwargs: Any,
+    compare_tensors: bool = True, known_state: list | None = None, **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)``; check it returned in time and left its inputs and the global state alone.
 
@@ -119,7 +119,10 @@ def guarded_call(
     ``owns_torch_rng``: the contract hands torch's global RNG to the call (a sampler declaring rng="own").
     ``fn`` in the implementation's process (a `Remote` proxy) is called there, under this guard, and its inputs
     are compared by the judge (harness/engine/boundary.py); ``compare_tensors=False`` leaves input tensors to
-    that comparison (the implementation's process, whose tensors are views of the judge's arena).
+    that comparison (the implementation's process, whose tensors are views of the judge's arena).  ``known_state``,
+    a one-item list: the global state after the caller's last guarded call, taken as this call's state before
+    when it was read with the same ``owns_torch_rng`` (nothing ran in between: the call server's loop), and left
+    there as this call's state after (a change made between two calls is charged to the second).
     """
     key = id(hang_owner if hang_owner is not None else getattr(fn, "__func__", fn))
     if key in _hung:
@@ -135,9 +138,13 @@ def guarded_call(
     before = [(path, t.clone()) for path, t in _tensors(found)] if compare_tensors else []
     lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
     configs = list(_configs(found))
-    state = global_state(owns_torch_rng)
+    known = known_state[0] if known_state else None
+    state = known[1] if known is not None and known[0] == owns_torch_rng else global_state(owns_torch_rng)
     box = _timed(fn, args, kwargs, key, timeout_s)
-    changed = changed_state(state, global_state(owns_torch_rng))
+    after = global_state(owns_torch_rng)
+    changed = changed_state(state, after)
+    if known_state is not None:
+        known_state[0] = (owns_torch_rng, after)
     if "exc" in box:
         _raise(box["exc"], key)
     if changed:
@@ -315,7 +322,7 @@ def global_state(owns_torch_rng: bool = False) -> dict[str, Any]:
     """Process-wide settings and RNG states a call could change behind its caller's back."""
     state = {
         "torch default dtype": torch.get_default_dtype(),
-        "torch default device": str(torch.get_default_device()),
+        "torch default device": _default_device(),
         "grad mode": torch.is_grad_enabled(),
         "torch intra-op threads": torch.get_num_threads(),
         "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
@@ -326,6 +333,15 @@ def global_state(owns_torch_rng: bool = False) -> dict[str, Any]:
     if not owns_torch_rng:
         state["torch global RNG"] = torch.random.get_rng_state()
     return state
+
+
+def _default_device() -> str:
+    """str(torch.get_default_device()), without its ~4 us where no torch function mode is active and no default
+    device was set (then it is the CPU, as torch/__init__.py's get_default_device reads it)."""
+    if torch._C._len_torch_function_stack() == 0 and getattr(
+            getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None) is None:
+        return "cpu"
+    return str(torch.get_default_device())
 
 
 _MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32_t key[624]; int pos
