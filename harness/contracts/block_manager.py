@@ -60,6 +60,8 @@ independent of the pool size.
 from __future__ import annotations
 
 import collections
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -191,7 +193,10 @@ QUERIES = ("block_table", "is_swapped", "num_tokens", "ref_count", "num_free_blo
            "lookup_prefix")
 SNAPSHOT_BLOCKS = 4096  # pools up to this size have every block's count in a step's snapshot
 SEQ_QUERIES = ("block_table", "is_swapped", "num_tokens")
+DEFERRABLE = ("append", "fork", "free", "swap_out", "swap_in")  # return nothing (the contract)
+IN_FLIGHT = 32  # deferred changes sent and not yet collected, at most (the channel's buffers stay far from full)
 WINDOW = 8  # a snapshot after a change holds the queries asked in the state before it and in this many before that
+WINDOW_LOOKUP_TOKENS = 64
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
                      # cache through the lookups of its latest prompts before and after every step)
 
@@ -215,6 +220,8 @@ class Observed:
         self._answers: dict | None = None
         self._asked: dict | None = None  # the queries asked in this state, {key: (name, args)}; None before a change
         self._window: collections.deque = collections.deque(maxlen=WINDOW)  # those of the states before it
+        self._deferred = False  # inside `deferred`: changes that return nothing are sent without waiting
+        self._pending: collections.deque = collections.deque()  # their tickets, oldest first
 
     def __getattr__(self, name: str) -> Any:
         if name in QUERIES:
@@ -229,6 +236,15 @@ class Observed:
                     self._seqs.setdefault(a)
             if name == "free" and args:
                 self._forget(args[0])  # its queries will raise: asked one by one, if ever
+            if self._deferred and name in DEFERRABLE and not kwargs:
+                if self._asked is not None:
+                    self._window.append(self._asked)
+                self._answers, self._asked = {}, {}
+                self._pending.append(self._m.process.post_many(self._m.handle, [(name, args)], self._limit))
+                if len(self._pending) > IN_FLIGHT:
+                    self._collect(1)
+                return None
+            self._collect()
             snapshot = self._snapshot(args)
 
             def settle(replies: list) -> None:  # before the storage's calls are replayed: it may ask the counts
@@ -247,7 +263,20 @@ class Observed:
 
         return changes
 
+    def _collect(self, n: int | None = None) -> None:
+        """The replies of the oldest ``n`` (default: all) deferred changes, their storage calls replayed in order;
+        the first one that did not return raises here, once every reply is in."""
+        failed = None
+        for _ in range(len(self._pending) if n is None else min(n, len(self._pending))):
+            reply = self._m.process.finish_many(self._pending.popleft())[0]
+            if reply.kind != "ok" and failed is None:
+                failed = reply
+        if failed is not None:
+            self._collect()
+            raise failed.error if failed.kind == "raised" else ContractViolation(failed.payload)
+
     def _query(self, name: str, args: tuple) -> Any:
+        self._collect()
         if self._answers is None:
             self._answers = self._fetch(self._snapshot())
         key = _key(name, args)
@@ -277,7 +306,8 @@ class Observed:
         if self._asked is not None:
             named = [(q, (a,)) for a in args[:2] if is_int(a) for q in SEQ_QUERIES]  # a new sequence's, likely
             return {**{_key(*call): call for call in named},
-                    **{k: call for asked in (*self._window, self._asked) for k, call in asked.items()}}
+                    **{k: call for asked in self._window for k, call in asked.items() if not _long_lookup(k)},
+                    **self._asked}
         calls = [("num_free_blocks", ()), ("num_free_cpu_blocks", ())]
         if self._blocks <= SNAPSHOT_BLOCKS:
             calls += [("ref_count", (b,)) for b in range(self._blocks)]
@@ -290,8 +320,38 @@ class Observed:
                         strict=True))
 
 
+def _long_lookup(key: tuple) -> bool:
+    """A lookup of more than `WINDOW_LOOKUP_TOKENS` tokens: brought back only from the state just before (its cost
+    grows with its length; a large table's lookups were most of its snapshots' time)."""
+    return key[0] == "lookup_prefix" and len(key[1]) == 1 and type(key[1][0]) is tuple and len(
+        key[1][0]) > WINDOW_LOOKUP_TOKENS
+
+
 def _key(name: str, args: tuple) -> tuple:
     return name, tuple(tuple(a) if type(a) is list else a for a in args)
+
+
+@contextlib.contextmanager
+def deferred(manager: Any) -> Iterator[Any]:
+    """Inside the block, a manager in the implementation's process (`open_manager`) is sent the changes that
+    return nothing (`DEFERRABLE`) without waiting for each reply: its next query or other change, or the block's
+    end, collects them, their storage calls replayed then, and raises what the first of them raised.  For callers
+    that would let such an exception end them anyway and read no storage inside the block (a worked example's
+    decode loop).  In-process, or for another manager, nothing changes."""
+    observed = manager._manager if isinstance(manager, TimedManager) else manager
+    if not isinstance(observed, Observed):
+        yield manager
+        return
+    observed._deferred = True
+    try:
+        yield manager
+    except BaseException:
+        observed._deferred = False
+        with contextlib.suppress(Exception):
+            observed._collect()
+        raise
+    observed._deferred = False
+    observed._collect()
 
 
 def guarded_batch(impl: Impl, fn: Any) -> Any:

@@ -31,7 +31,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -229,6 +229,10 @@ class PluginProcess:
         Runs of one method over single plain arguments travel as one list, and so do their plain answers.
         ``then(replies)`` runs before the calls the batch made on the judge's sinks are replayed (a storage that
         reads the manager's counts as it replays its writes reads them after the batch, from these replies)."""
+        return self.finish_many(self.post_many(handle, calls, timeout_s), then)
+
+    def post_many(self, handle: int, calls: list[tuple], timeout_s: float) -> tuple:
+        """`call_many`'s message sent; `finish_many` collects its replies (later messages may be sent meanwhile)."""
         encoder, groups, sizes = wire.Encoder(self.handle_of, None), [], []
         for method, args, *kwargs in calls:
             single = not (kwargs and kwargs[0]) and len(args) == 1 and type(args[0]) in (int, str)
@@ -241,16 +245,20 @@ class PluginProcess:
             else:
                 groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(*kwargs))))
                 sizes.append(1)
+        return self.post(("many", handle, groups, timeout_s)), len(calls), sizes, timeout_s
+
+    def finish_many(self, ticket: tuple, then: Callable[[list[Reply]], None] | None = None) -> list[Reply]:
+        rid, count, sizes, timeout_s = ticket
         replies: list[Reply] = []
 
         def ready(reply: Reply) -> None:
             replies.extend(r for group in reply.value for r in group) if reply.kind == "many" else None
-            if len(replies) != len(calls) or [len(g) for g in reply.value] != sizes:
+            if len(replies) != count or [len(g) for g in reply.value] != sizes:
                 raise self.crash("crashed: the implementation's process answered a batch of calls with something else")
             if then is not None:
                 then(replies)
 
-        self.request(("many", handle, groups, timeout_s), timeout_s + GRACE_S, before_sinks=ready)
+        self.wait(rid, timeout_s + GRACE_S, before_sinks=ready)
         return replies
 
     def _group(self, entry: Any) -> list[Reply]:
@@ -341,11 +349,15 @@ class PluginProcess:
         if before_sinks is not None:
             before_sinks(reply)
         try:
+            bound: dict = {}  # (handle, method) -> the judge's method, looked up once per reply
             for handle, method, args in sinks:  # replayed in order, on the judge's object
-                obj = self.refs[handle]
-                if not getattr(obj, "harness_sink", False) or method.startswith("_"):
-                    raise wire.Malformed(f"a recorded call {method!r} on an object that records none")
-                getattr(obj, method)(*self.decoder.decode(args))
+                fn = bound.get((handle, method))
+                if fn is None:
+                    obj = self.refs[handle]
+                    if not getattr(obj, "harness_sink", False) or method.startswith("_"):
+                        raise wire.Malformed(f"a recorded call {method!r} on an object that records none")
+                    fn = bound[(handle, method)] = getattr(obj, method)
+                fn(*self.decoder.decode(args))
         except (wire.Malformed, KeyError, ValueError, TypeError) as exc:
             raise self.crash(f"crashed: the implementation's process sent a malformed reply ({exc})") from None
         return reply
@@ -492,14 +504,18 @@ def _module_type() -> type:
     return torch.nn.Module
 
 
-@dataclass
 class Reply:
-    kind: str  # "ok" | "raised" | "violation"
-    value: Any = None
-    error: BaseException | None = None
-    payload: str = ""
-    extras: dict = field(default_factory=dict)
-    mutated: list[str] | None = None
+    """A reply as it came: kind "ok" | "raised" | "violation" (and "many", "paths" as sent), with its value, the
+    exception raised, a violation's text, extras, and the inputs found changed.  A plain class: a batch of queries
+    makes one per answer (~10^5 a state-machine program)."""
+
+    __slots__ = ("kind", "value", "error", "payload", "extras", "mutated")
+
+    def __init__(self, kind: str, value: Any = None, error: BaseException | None = None, payload: str = "",
+                 extras: dict | None = None, mutated: list[str] | None = None) -> None:
+        self.kind, self.value, self.error, self.payload = kind, value, error, payload
+        self.extras = {} if extras is None else extras
+        self.mutated = mutated
 
     def exception(self) -> BaseException:
         return self.error
