@@ -75,7 +75,7 @@ def test_a_trick_gets_a_failing_verdict_naming_what_was_seen(isolated, name):
 
 
 def test_no_forged_file_is_left(isolated):
-    """The plugin that writes verdict files where the judge would cannot write one (harness/engine/callserver.py
+    """The plugin that writes verdict files where the judge would cannot write one (harness/engine/confine.py
     drops its process to a user of its own when the harness runs as root)."""
     if os.geteuid() != 0:
         pytest.skip("the implementation's process runs as this user (not root): it can write what this user can")

@@ -85,7 +85,7 @@ def test_a_unit_that_crashes_gets_the_verdict_it_gets_locally(cluster):
                          ["matches_reference"])
     (result,) = Ray(max_retries=1).run(killer, Job("ci"), Progress()).values()
     (verdict,) = result.verdicts
-    if os.geteuid() == 0:  # its process runs as a user of its own (harness/engine/callserver.py): no signal reaches
+    if os.geteuid() == 0:  # its process runs as a user of its own (harness/engine/confine.py): no signal reaches
         assert verdict.status == "FAIL" and "Operation not permitted" in verdict.message, verdict.message
         return
     assert verdict.status == "FAIL" and verdict.message.startswith(

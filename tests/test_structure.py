@@ -30,8 +30,7 @@ LAYERS = [
     ("numerics", ["numerics"]),
     ("engine core", ["engine.capabilities", "engine.devices", "engine.tolerance", "engine.isolation", "engine.guard",
                      "engine.profiles", "engine.progress", "engine.memory", "engine.provenance", "engine.inputs",
-                     "engine.outputs", "engine.environment", "engine.exampledb",
-                     "engine.wire"]),
+                     "engine.outputs", "engine.environment", "engine.exampledb", "engine.wire", "engine.confine"]),
     ("models", ["models"]),
     ("sampling", ["sampling"]),
     ("judge's boundary", ["engine.boundary"]),
@@ -47,13 +46,6 @@ LAYERS = [
     ("bench", ["bench"]),
     ("command line, the package's public face", ["cli", "__main__", ""]),
 ]
-# Lazy imports that point up on purpose, each with its reason (exact: a new one fails, and so does one that goes).
-# PluginProcess.start forks the implementation's process and, in that child only, hands it to the call server's
-# loop, which loads the implementation through the registry and the runner above the boundary; the registry itself
-# starts such a process to learn what another distribution registers, so the loop cannot be handed in from above.
-LAZY_UPWARD = {
-    (f"{PACKAGE}.engine.boundary", f"{PACKAGE}.engine.callserver"): "the forked child runs callserver.main",
-}
 ENTRY_POINT_LAYERS = {ENTRY_POINT_GROUP: "implementations, analytic models", "pytest11": "runner",
                       "scripts": "command line, the package's public face"}
 TOP_LEVEL = {"__init__", "__main__", "cli"}  # everything else of harness/ lives in a wing
@@ -163,14 +155,12 @@ def test_every_module_has_a_layer():
 def test_no_import_points_up():
     up = [f"{name} ({LAYERS[layer_of(name)][0]}) -> {target} ({LAYERS[layer_of(target)][0]}), by {kind}"
           for name, edges in import_graph().items() for kind, target in edges
-          if layer_of(target) > layer_of(name) and (name, target) not in LAZY_UPWARD]
+          if layer_of(target) > layer_of(name)]
     assert up == []
-    still = {(name, target) for name, edges in import_graph().items() for _, target in edges} & set(LAZY_UPWARD)
-    assert still == set(LAZY_UPWARD), f"gone: remove {set(LAZY_UPWARD) - still} from LAZY_UPWARD"
 
 
 def test_no_import_cycle():
-    graph = {name: {m for _, m in edges if (name, m) not in LAZY_UPWARD} for name, edges in import_graph().items()}
+    graph = {name: {m for _, m in edges} for name, edges in import_graph().items()}
     assert cycles(graph) == []
 
 

@@ -59,6 +59,9 @@ independent of the pool size.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -204,6 +207,11 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
 QUERIES = ("block_table", "is_swapped", "num_tokens", "ref_count", "num_free_blocks", "num_free_cpu_blocks",
            "lookup_prefix")
 SNAPSHOT_BLOCKS = 4096  # pools up to this size have every block's count in a step's snapshot
+SEQ_QUERIES = ("block_table", "is_swapped", "num_tokens")
+DEFERRABLE = ("append", "fork", "free", "swap_out", "swap_in")  # return nothing (the contract)
+IN_FLIGHT = 32  # deferred changes sent and not yet collected, at most (the channel's buffers stay far from full)
+WINDOW = 8  # a snapshot after a change holds the queries asked in the state before it and in this many before that
+WINDOW_LOOKUP_TOKENS = 64
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
                      # cache through the lookups of its latest prompts before and after every step)
 
@@ -214,8 +222,11 @@ class Observed:
     free counts, each known sequence's table, swap flag and length, and the latest lookups again
     (`PluginProcess.call_many`); other queries are asked once per state.  A state machine asks ~10^5 queries per
     program: one message each would cost more than the manager's own work.  After the first change, a snapshot
-    holds the queries the caller asked in the state before (a machine asks the same ones after every step; a
-    worked example that appends 3,000 tokens and asks nothing between them pays for no query of a 320-block pool)."""
+    holds the queries the caller asked in the state before and the `WINDOW` states before it (a machine's rules
+    ask different ones: a machine_bookkeeping program of the ci profile missed ~16,800 queries with one state,
+    ~3,200 with eight), and the table, swap flag and length of a sequence the change names; a worked example that
+    appends 3,000 tokens and asks nothing between them pays for no query of a 320-block pool.  The answers are the
+    state's after the change before the storage's recorded calls are replayed (a storage reads the counts)."""
 
     def __init__(self, manager: Any, num_blocks: int, limit_s: float) -> None:
         self._m, self._blocks, self._limit = manager, num_blocks, limit_s
@@ -223,6 +234,9 @@ class Observed:
         self._lookups: dict = {}  # token lists the caller looked up, the latest last
         self._answers: dict | None = None
         self._asked: dict | None = None  # the queries asked in this state, {key: (name, args)}; None before a change
+        self._window: collections.deque = collections.deque(maxlen=WINDOW)  # those of the states before it
+        self._deferred = False  # inside `deferred`: changes that return nothing are sent without waiting
+        self._pending: collections.deque = collections.deque()  # their tickets, oldest first
 
     def __getattr__(self, name: str) -> Any:
         if name in QUERIES:
@@ -235,12 +249,27 @@ class Observed:
             for a in args[:2]:
                 if is_int(a):
                     self._seqs.setdefault(a)
-            snapshot = self._snapshot()
-            replies = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot], self._limit)
-            reply = replies[0]
-            if name == "free" and reply.kind == "ok" and args:
-                self._seqs.pop(args[0], None)  # its queries now raise: asked one by one, if ever
-            self._answers, self._asked = self._keyed(snapshot, replies[1:]), {}
+            if name == "free" and args:
+                self._forget(args[0])  # its queries will raise: asked one by one, if ever
+            if self._deferred and name in DEFERRABLE and not kwargs:
+                if self._asked is not None:
+                    self._window.append(self._asked)
+                self._answers, self._asked = {}, {}
+                self._pending.append(self._m.process.post_many(self._m.handle, [(name, args)], self._limit))
+                if len(self._pending) > IN_FLIGHT:
+                    self._collect(1)
+                return None
+            self._collect()
+            snapshot = self._snapshot(args)
+
+            def settle(replies: list) -> None:  # before the storage's calls are replayed: it may ask the counts
+                if self._asked is not None:
+                    self._window.append(self._asked)
+                self._answers, self._asked = dict(zip(snapshot, replies[1:], strict=True)), {}
+
+            self._answers = {}  # a failure to reply leaves no answer of the state before
+            reply = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot.values()],
+                                              self._limit, then=settle)[0]
             if reply.kind == "raised":
                 raise reply.error
             if reply.kind != "ok":
@@ -249,15 +278,28 @@ class Observed:
 
         return changes
 
+    def _collect(self, n: int | None = None) -> None:
+        """The replies of the oldest ``n`` (default: all) deferred changes, their storage calls replayed in order;
+        the first one that did not return raises here, once every reply is in."""
+        failed = None
+        for _ in range(len(self._pending) if n is None else min(n, len(self._pending))):
+            reply = self._m.process.finish_many(self._pending.popleft())[0]
+            if reply.kind != "ok" and failed is None:
+                failed = reply
+        if failed is not None:
+            self._collect()
+            raise failed.error if failed.kind == "raised" else ContractViolation(failed.payload)
+
     def _query(self, name: str, args: tuple) -> Any:
+        self._collect()
         if self._answers is None:
             self._answers = self._fetch(self._snapshot())
-        key = (name, tuple(tuple(a) if isinstance(a, list) else a for a in args))
+        key = _key(name, args)
         if name == "lookup_prefix" and len(args) == 1 and isinstance(args[0], list | tuple):
             self._lookups.pop(key[1][0], None)
             self._lookups[key[1][0]] = None
         if key not in self._answers:
-            self._answers.update(self._fetch([(name, args)]))
+            self._answers.update(self._fetch({key: (name, args)}))
         if self._asked is not None:
             self._asked[key] = (name, args)
         reply = self._answers[key]
@@ -267,23 +309,64 @@ class Observed:
             raise ContractViolation(reply.payload)
         return list(reply.value) if isinstance(reply.value, list) else reply.value  # the caller's own list
 
-    def _snapshot(self) -> list[tuple[str, tuple]]:
+    def _forget(self, seq: Any) -> None:
+        self._seqs.pop(seq, None)
+        for asked in (*self._window, self._asked or {}):
+            for key in [k for k in asked if k[0] in SEQ_QUERIES and k[1] == (seq,)]:
+                del asked[key]
+
+    def _snapshot(self, args: tuple = ()) -> dict:
+        """{key: (name, args)}: before the first change, everything known (`SNAPSHOT_BLOCKS`); after it, the queries
+        the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones)."""
         if self._asked is not None:
-            return list(self._asked.values())
+            named = [(q, (a,)) for a in args[:2] if is_int(a) for q in SEQ_QUERIES]  # a new sequence's, likely
+            return {**{_key(*call): call for call in named},
+                    **{k: call for asked in self._window for k, call in asked.items() if not _long_lookup(k)},
+                    **self._asked}
         calls = [("num_free_blocks", ()), ("num_free_cpu_blocks", ())]
         if self._blocks <= SNAPSHOT_BLOCKS:
             calls += [("ref_count", (b,)) for b in range(self._blocks)]
         recent = list(self._lookups)[-RECENT_LOOKUPS:]
-        return calls + [(q, (s,)) for s in self._seqs for q in ("block_table", "is_swapped", "num_tokens")] + [
-            ("lookup_prefix", (list(t),)) for t in recent]
+        calls += [(q, (s,)) for s in self._seqs for q in SEQ_QUERIES] + [("lookup_prefix", (list(t),)) for t in recent]
+        return {_key(*call): call for call in calls}
 
-    def _fetch(self, calls: list[tuple[str, tuple]]) -> dict:
-        return self._keyed(calls, self._m.process.call_many(self._m.handle, calls, self._limit))
+    def _fetch(self, calls: dict) -> dict:
+        return dict(zip(calls, self._m.process.call_many(self._m.handle, list(calls.values()), self._limit),
+                        strict=True))
 
-    @staticmethod
-    def _keyed(calls: list[tuple[str, tuple]], replies: list) -> dict:
-        return {(name, tuple(tuple(a) if isinstance(a, list) else a for a in args)): reply
-                for (name, args), reply in zip(calls, replies, strict=True)}
+
+def _long_lookup(key: tuple) -> bool:
+    """A lookup of more than `WINDOW_LOOKUP_TOKENS` tokens: brought back only from the state just before (its cost
+    grows with its length; a large table's lookups were most of its snapshots' time)."""
+    return key[0] == "lookup_prefix" and len(key[1]) == 1 and type(key[1][0]) is tuple and len(
+        key[1][0]) > WINDOW_LOOKUP_TOKENS
+
+
+def _key(name: str, args: tuple) -> tuple:
+    return name, tuple(tuple(a) if type(a) is list else a for a in args)
+
+
+@contextlib.contextmanager
+def deferred(manager: Any) -> Iterator[Any]:
+    """Inside the block, a manager in the implementation's process (`open_manager`) is sent the changes that
+    return nothing (`DEFERRABLE`) without waiting for each reply: its next query or other change, or the block's
+    end, collects them, their storage calls replayed then, and raises what the first of them raised.  For callers
+    that would let such an exception end them anyway and read no storage inside the block (a worked example's
+    decode loop).  In-process, or for another manager, nothing changes."""
+    observed = manager._manager if isinstance(manager, TimedManager) else manager
+    if not isinstance(observed, Observed):
+        yield manager
+        return
+    observed._deferred = True
+    try:
+        yield manager
+    except BaseException:
+        observed._deferred = False
+        with contextlib.suppress(Exception):
+            observed._collect()
+        raise
+    observed._deferred = False
+    observed._collect()
 
 
 def guarded_batch(impl: Impl, fn: Any) -> Any:

@@ -60,8 +60,16 @@ import torch
 
 from llm_inference_harness.contracts import Rule, Technique, batch_rules, define
 from llm_inference_harness.engine.capabilities import BatchedCaps, cap
-from llm_inference_harness.engine.guard import ContractViolation, call_limit, check_tensor, guarded_call
+from llm_inference_harness.engine.guard import (
+    ContractViolation,
+    call_limit,
+    check_tensor,
+    guarded_call,
+    is_remote,
+    replayed_calls,
+)
 from llm_inference_harness.sampling.enumeration import outcome_distribution
+from llm_inference_harness.sampling.replay import well_formed
 
 if TYPE_CHECKING:  # the registry imports the contracts: they name its record for type checking only
     from llm_inference_harness.engine.registry import Impl
@@ -252,8 +260,15 @@ def enumerated(impl: Impl, logits: torch.Tensor, params: SamplingParams) -> Enum
     def run(rng) -> tuple[int, ...]:
         return tuple(checked_output(impl, impl.fn(logits, params, rng=rng), B, V, logits.device).tolist())
 
-    joint = guarded_call(outcome_distribution, run, max_runs=MAX_RUNS, timeout_s=ENUMERATION_LIMIT_S,
-                         hang_owner=impl.fn, watch={"logits": logits, "params": params})
+    def run_many(paths: list) -> list[tuple]:  # a sampler in its own process: a batch of paths a message
+        limit = call_limit(impl) * max(1, len(paths) // 64)
+        reports = replayed_calls(impl.fn, (logits, params), paths, timeout_s=limit)
+        return [(tuple(checked_output(impl, out, B, V, logits.device).tolist()), new)
+                for out, new in replayed_runs(impl.fn.process, reports, paths)]
+
+    joint = guarded_call(outcome_distribution, run, max_runs=MAX_RUNS, run_many=run_many if is_remote(impl.fn)
+                         else None, timeout_s=ENUMERATION_LIMIT_S, hang_owner=impl.fn,
+                         watch={"logits": logits, "params": params})
     marginals = torch.zeros(B, V, dtype=torch.float64)
     for tokens, prob in joint.items():
         marginals[torch.arange(B), torch.tensor(tokens, dtype=torch.int64)] += prob
@@ -266,3 +281,26 @@ def distribution_of(impl: Impl, logits: torch.Tensor, params: SamplingParams) ->
     if impl.caps.returns == "probs":
         return call(impl, logits, params).double().cpu()
     return enumerated(impl, logits, params).marginals
+
+
+def replayed_runs(process, reports, paths: list) -> list[tuple]:
+    """(output, new choices) of each run a sampler's process reported for ``paths`` (`guard.replayed_calls`), once
+    well formed: every choice a draw from a distribution with its outcome possible; what a run raised is raised."""
+    from llm_inference_harness.engine import wire
+
+    try:
+        if type(reports) is not list or not 0 < len(reports) <= len(paths):
+            raise ValueError("a report per path")
+        runs = []
+        for report in reports:
+            if report[0] == "raised" and report is reports[-1]:
+                raise wire.decode_exception(report[1])
+            tag, out, depth, new = report
+            if tag != "run" or type(depth) is not int or type(new) is not list or not well_formed(new):
+                raise ValueError("a choice that is not a draw from a distribution")
+            runs.append((out, new))
+        if len(runs) != len(paths):
+            raise ValueError("a report per path")
+    except (TypeError, ValueError, IndexError, wire.Malformed) as exc:
+        raise process.crash(f"crashed: the implementation's process sent a malformed run ({exc})") from None
+    return runs

@@ -1,8 +1,9 @@
 """The judge's side of the boundary: the implementation's process, and the proxies the properties call.
 
 The judge never imports the code it judges.  `PluginProcess.start` forks a process (from a process that has
-computed nothing yet: the judge's child before its first case, or a zygote) that loads the implementation and
-serves calls (harness/engine/callserver.py).  The judge builds an `Impl` record from what that process
+computed nothing yet: the judge's child before its first case, or a zygote), confines it (harness/engine/confine.py)
+and hands it to what the caller passes: the call server (harness/engine/callserver.py), which loads the
+implementation and serves calls.  The judge builds an `Impl` record from what that process
 declares, with ``fn`` a `Remote` proxy: calling it is a message; what comes back is copied into the judge's
 memory through harness/engine/wire.py.  The judge keeps every input and checks, itself, after each call:
 
@@ -30,18 +31,18 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
-from llm_inference_harness.engine import wire
+from llm_inference_harness.engine import confine, wire
+from llm_inference_harness.engine.confine import PLUGIN_UID_BASE
 from llm_inference_harness.engine.guard import Crashed, Hung, Remote
 
 GRACE_S = 3.0  # past a call's own limit: the alarm inside the implementation's process gets the first chance
 PR_SET_DUMPABLE = 4
-PLUGIN_UID_BASE = 1_000_000_000  # the implementation's uid when the harness runs as root: this + its pid
 
 # Settings of the implementation's process for the calls made inside a `remote_context` block: torch's
 # intra-op threads (a determinism property runs a call at several counts), torch's global seed (a sampler that
@@ -91,12 +92,12 @@ class PluginProcess:
 
     # -- starting --------------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, load: dict, *, capture: str, memory_bytes: int = 0, one_thread: bool = False,
-              spawn: Callable | None = None) -> PluginProcess:
-        """Fork the implementation's process (or ask ``spawn``, a zygote, to) and let it load ``load``
-        (``{"technique", "name"}`` or ``{"technique", "plugin"}``)."""
-        from llm_inference_harness.engine import callserver
-
+    def start(cls, load: dict, serve: Callable[[Connection, dict], None], *, capture: str, memory_bytes: int = 0,
+              one_thread: bool = False, spawn: Callable | None = None) -> PluginProcess:
+        """Fork the implementation's process (or ask ``spawn``, a zygote, which serves with the call server) and,
+        once it is confined (harness/engine/confine.py), let ``serve(its channel, options)`` load ``load``
+        (``{"technique", "name"}`` or ``{"technique", "plugin"}``: the call server's `serve`; ``{"describe":
+        module}``: the registry's probe) and answer."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         arena = wire.Arena()
         root = os.geteuid() == 0
@@ -110,7 +111,7 @@ class PluginProcess:
             pid = os.fork()
             if pid == 0:  # the implementation's process: never returns
                 mine.close()
-                callserver.main(theirs.detach(), parent, options)
+                confine.main(theirs.detach(), parent, options, serve)
             waiter = lambda: _wait_child(pid)  # noqa: E731
         else:
             pid, waiter = spawn(theirs.fileno(), options)
@@ -181,10 +182,12 @@ class PluginProcess:
 
     # -- calls -----------------------------------------------------------------------------------------------
     def call(self, handle: int, method: str, args: tuple, kwargs: dict, *, timeout_s: float,
-             arg_names: tuple[str, ...] = (), owns_torch_rng: bool = False) -> Reply:
+             arg_names: tuple[str, ...] = (), owns_torch_rng: bool = False, paths: list | None = None) -> Reply:
         """One call, its inputs through the arena; the reply as it came, the inputs checked afterwards.  The last
         call's inputs are compared once more first: an implementation that left a thread writing into them after
-        it returned is caught here, before the arena is reused."""
+        it returned is caught here, before the arena is reused.  ``paths``: the call once per path of scripted
+        draws, its ``rng`` a replay of that path over there, under one guard (`Server.call`): the reply's value is
+        the list of the runs' reports."""
         from llm_inference_harness.sampling.lm import TorchRng
 
         if self.last_inputs is not None:
@@ -208,6 +211,7 @@ class PluginProcess:
 
         meters, headroom = METERS.get(), HEADROOM.get()
         options = {"timeout_s": timeout_s, "owns_torch_rng": owns_torch_rng, **dict(_context.get()),
+                   **({"paths": paths} if paths is not None else {}),
                    **({"measure_memory": True} if meters else {}), **({"headroom": headroom} if headroom else {})}
         reply = self.request(("call", handle, method, positional, keywords, options), timeout_s + GRACE_S)
         reply.mutated = wire.changed_inputs(encoder)
@@ -218,10 +222,17 @@ class PluginProcess:
                 meter.add_remote(*memory)
         return reply
 
-    def call_many(self, handle: int, calls: list[tuple], timeout_s: float) -> list[Reply]:
+    def call_many(self, handle: int, calls: list[tuple], timeout_s: float,
+                  then: Callable[[list[Reply]], None] | None = None) -> list[Reply]:
         """Several calls ``(method, args[, kwargs])`` of one object's methods in one message, in order, under one
         limit (a manager's step and its observables after it), each reply as `call` gives it; inputs copied.
-        Runs of one method over single plain arguments travel as one list, and so do their plain answers."""
+        Runs of one method over single plain arguments travel as one list, and so do their plain answers.
+        ``then(replies)`` runs before the calls the batch made on the judge's sinks are replayed (a storage that
+        reads the manager's counts as it replays its writes reads them after the batch, from these replies)."""
+        return self.finish_many(self.post_many(handle, calls, timeout_s), then)
+
+    def post_many(self, handle: int, calls: list[tuple], timeout_s: float) -> tuple:
+        """`call_many`'s message sent; `finish_many` collects its replies (later messages may be sent meanwhile)."""
         encoder, groups, sizes = wire.Encoder(self.handle_of, None), [], []
         for method, args, *kwargs in calls:
             single = not (kwargs and kwargs[0]) and len(args) == 1 and type(args[0]) in (int, str)
@@ -234,10 +245,20 @@ class PluginProcess:
             else:
                 groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(*kwargs))))
                 sizes.append(1)
-        reply = self.request(("many", handle, groups, timeout_s), timeout_s + GRACE_S)
-        replies = [r for group in reply.value for r in group] if reply.kind == "many" else []
-        if len(replies) != len(calls) or [len(g) for g in reply.value] != sizes:
-            raise self.crash("crashed: the implementation's process answered a batch of calls with something else")
+        return self.post(("many", handle, groups, timeout_s)), len(calls), sizes, timeout_s
+
+    def finish_many(self, ticket: tuple, then: Callable[[list[Reply]], None] | None = None) -> list[Reply]:
+        rid, count, sizes, timeout_s = ticket
+        replies: list[Reply] = []
+
+        def ready(reply: Reply) -> None:
+            replies.extend(r for group in reply.value for r in group) if reply.kind == "many" else None
+            if len(replies) != count or [len(g) for g in reply.value] != sizes:
+                raise self.crash("crashed: the implementation's process answered a batch of calls with something else")
+            if then is not None:
+                then(replies)
+
+        self.wait(rid, timeout_s + GRACE_S, before_sinks=ready)
         return replies
 
     def _group(self, entry: Any) -> list[Reply]:
@@ -265,8 +286,8 @@ class PluginProcess:
             raise reply.exception() if reply.kind == "raised" else AttributeError(reply.payload)
         return reply.value
 
-    def request(self, message: tuple, limit_s: float) -> Reply:
-        return self.wait(self.post(message), limit_s)
+    def request(self, message: tuple, limit_s: float, before_sinks: Callable[[Reply], None] | None = None) -> Reply:
+        return self.wait(self.post(message), limit_s, before_sinks)
 
     def post(self, message: tuple) -> int:
         """Send a request without waiting for its reply (`wait` collects it): the judge's own work can overlap
@@ -281,7 +302,7 @@ class PluginProcess:
         self.posted.add(rid)
         return rid
 
-    def wait(self, rid: int, limit_s: float) -> Reply:
+    def wait(self, rid: int, limit_s: float, before_sinks: Callable[[Reply], None] | None = None) -> Reply:
         """The reply to request ``rid``, serving the implementation's calls back meanwhile.  Anything that
         interrupts the wait (a judge-side alarm, Ctrl-C) leaves the conversation unreadable: the process is ended."""
         deadline = time.monotonic() + limit_s
@@ -301,31 +322,45 @@ class PluginProcess:
                 self.dead = "stopped: the judge stopped waiting for a reply"
             raise
         self.posted.discard(rid)
-        return self._reply(self.early.pop(rid))
+        return self._reply(self.early.pop(rid), before_sinks)
 
-    def _reply(self, msg: tuple) -> Reply:
+    def _reply(self, msg: tuple, before_sinks: Callable[[Reply], None] | None = None) -> Reply:
+        """The reply decoded; ``before_sinks(reply)``; then the calls its request made on the judge's sinks
+        replayed, in order."""
         try:
             _, _, kind, payload, sink_calls, extras = msg
             if type(extras) is not dict:
                 raise wire.Malformed("a reply's extras must be a dict")
-            if kind not in ("ok", "raised", "violation", "many", "paths"):
-                raise wire.Malformed(f"a reply of kind {kind!r}")
-            for handle, method, args in wire._seq(sink_calls, list):  # replayed in order, on the judge's object
-                obj = self.refs[handle]
-                if not getattr(obj, "harness_sink", False) or method.startswith("_"):
-                    raise wire.Malformed(f"a recorded call {method!r} on an object that records none")
-                getattr(obj, method)(*self.decoder.decode(args))
             if kind == "ok":
-                return Reply("ok", value=self.decoder.decode(payload), extras=extras)
-            if kind == "paths":  # the enumeration's runner checks every entry (harness/sampling/replay.py)
-                return Reply("paths", value=payload)
-            if kind == "many":
-                return Reply("many", value=[self._group(entry) for entry in wire._seq(payload, list)])
-            if kind == "raised":
-                return Reply("raised", error=wire.decode_exception(payload), extras=extras)
-            return Reply("violation", payload=str(payload)[:4000], extras=extras)
+                reply = Reply("ok", value=self.decoder.decode(payload), extras=extras)
+            elif kind == "paths":  # the enumeration's runner checks every entry (harness/sampling/replay.py)
+                reply = Reply("paths", value=payload)
+            elif kind == "many":
+                reply = Reply("many", value=[self._group(entry) for entry in wire._seq(payload, list)])
+            elif kind == "raised":
+                reply = Reply("raised", error=wire.decode_exception(payload), extras=extras)
+            elif kind == "violation":
+                reply = Reply("violation", payload=str(payload)[:4000], extras=extras)
+            else:
+                raise wire.Malformed(f"a reply of kind {kind!r}")
+            sinks = wire._seq(sink_calls, list)
         except (wire.Malformed, KeyError, ValueError, TypeError) as exc:
             raise self.crash(f"crashed: the implementation's process sent a malformed reply ({exc})") from None
+        if before_sinks is not None:
+            before_sinks(reply)
+        try:
+            bound: dict = {}  # (handle, method) -> the judge's method, looked up once per reply
+            for handle, method, args in sinks:  # replayed in order, on the judge's object
+                fn = bound.get((handle, method))
+                if fn is None:
+                    obj = self.refs[handle]
+                    if not getattr(obj, "harness_sink", False) or method.startswith("_"):
+                        raise wire.Malformed(f"a recorded call {method!r} on an object that records none")
+                    fn = bound[(handle, method)] = getattr(obj, method)
+                fn(*self.decoder.decode(args))
+        except (wire.Malformed, KeyError, ValueError, TypeError) as exc:
+            raise self.crash(f"crashed: the implementation's process sent a malformed reply ({exc})") from None
+        return reply
 
     def _serve(self, msg: tuple) -> None:
         """A call from the implementation's process on one of the judge's objects (a callback)."""
@@ -469,14 +504,18 @@ def _module_type() -> type:
     return torch.nn.Module
 
 
-@dataclass
 class Reply:
-    kind: str  # "ok" | "raised" | "violation"
-    value: Any = None
-    error: BaseException | None = None
-    payload: str = ""
-    extras: dict = field(default_factory=dict)
-    mutated: list[str] | None = None
+    """A reply as it came: kind "ok" | "raised" | "violation" (and "many", "paths" as sent), with its value, the
+    exception raised, a violation's text, extras, and the inputs found changed.  A plain class: a batch of queries
+    makes one per answer (~10^5 a state-machine program)."""
+
+    __slots__ = ("kind", "value", "error", "payload", "extras", "mutated")
+
+    def __init__(self, kind: str, value: Any = None, error: BaseException | None = None, payload: str = "",
+                 extras: dict | None = None, mutated: list[str] | None = None) -> None:
+        self.kind, self.value, self.error, self.payload = kind, value, error, payload
+        self.extras = {} if extras is None else extras
+        self.mutated = mutated
 
     def exception(self) -> BaseException:
         return self.error

@@ -1,13 +1,14 @@
 """The implementation's process: the implementation, and a small server that calls it for the judge.
 
-`main` runs in a freshly forked child and never returns.  It dies with its parent (PR_SET_PDEATHSIG), becomes its
-own session and process group, closes every descriptor but its channel, sends its output to a capture file, caps
-its address space and, when the harness runs as root, drops to a user id of its own (no access to the judge's
-memory, files or processes; `plugin_uid`).  Then it loads the implementation and answers the judge's messages:
+`serve` runs in the implementation's process once harness/engine/confine.py has confined it (its own session, its
+descriptors closed, its output captured, its address space capped, its own user id when the harness runs as root,
+the marks of a test run removed): it loads the implementation and answers the judge's messages:
 
     ("q", id, released handles, "call", handle, method, args, kwargs, options)  -> ("r", id, kind, payload, sinks)
     ("q", id, released handles, "getattr", handle, name)                        -> ("r", id, kind, payload, [])
+    ("q", id, released handles, "many", handle, groups, limit)  several calls of one object's methods, one guard
     ("q", id, released handles, "paths", ...)   a batch of enumeration runs (harness/sampling/enumeration.py)
+    ("q", id, released handles, "paths_many", ...)   batches of several round states' runs in one message
     ("q", 0, [], "exit")
 
 A call runs under `llm_inference_harness.engine.guard.guarded_call` here too (its alarm, the global-state comparison,
@@ -20,128 +21,30 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import dataclasses
 import inspect
 import itertools
 import mmap
 import os
 import pickle
-import resource
 import socket
-import struct
 import sys
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
 from llm_inference_harness.engine import wire
-from llm_inference_harness.engine.boundary import PLUGIN_UID_BASE
+from llm_inference_harness.engine.confine import where as _where
 
 HANDED, HANDED_ITEMS = 256, 4096  # the latest lists handed over, up to this long, are watched for changes
-PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
-CAP_DAC_READ_SEARCH = 2
-_CAPABILITY_VERSION_3 = 0x20080522
 
 
-def main(fd: int, parent: int, options: dict) -> None:
-    """The implementation's process; exits, never returns."""
-    code = 0
-    try:
-        from llm_inference_harness.engine.isolation import die_with_parent
-
-        die_with_parent(parent)
-        os.setsid()
-        _keep_only(fd)
-        _capture(options["capture"])
-        if options.get("memory_bytes"):
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            cap = _address_space() + options["memory_bytes"]
-            cap = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-        if options.get("home"):
-            plugin_uid(options["home"])
-            die_with_parent(parent)  # a change of user id clears the parent-death signal: set it again
-        _unmark()
-        if options.get("one_thread"):
-            import torch
-
-            torch.set_num_threads(1)
-        server = Server(Connection(fd))
-        if server.load(options["load"]):
-            server.serve()
-    except BaseException:  # noqa: BLE001 - the judge reads it in the capture and sees the channel close
-        traceback.print_exc()
-        code = 70
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-# What tells a process it is under test: the judge's environment and test frameworks.  Gone before the
-# implementation is imported (it may import them itself; then they are fresh, and say nothing of the judge).
-_TEST_MARKS = ("PYTEST_", "HYPOTHESIS", "HARNESS_", "CI", "GITHUB_", "TOX_", "_PYTEST")
-
-
-def _unmark() -> None:
-    for name in [n for n in os.environ if n.startswith(_TEST_MARKS)]:
-        del os.environ[name]
-    for name in [n for n in sys.modules if n.split(".")[0] in ("pytest", "_pytest", "hypothesis", "xdist",
-                                                                   "pluggy", "execnet")]:
-        del sys.modules[name]
-
-
-def _keep_only(fd: int) -> None:
-    """Close every descriptor this process inherited but the channel (the judge's pipe to its own parent, its
-    capture file, anything): nothing the implementation can reach leads out of this process but the channel."""
-    for name in os.listdir("/proc/self/fd"):
-        n = int(name)
-        if n > 2 and n != fd:
-            with contextlib.suppress(OSError):
-                os.close(n)
-
-
-def _capture(path: str) -> None:
-    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    os.close(null)
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-
-
-def _address_space() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def plugin_uid(home: str) -> None:
-    """Drop root: a user id no other process has, a home (and caches) of its own, and of root's powers only
-    CAP_DAC_READ_SEARCH (read any file: the interpreter's standard library may live under /root).  From here the
-    implementation can write only its home and /tmp, cannot signal, trace or read the memory of the judge, and
-    cannot regain root by running a setuid program (PR_SET_NO_NEW_PRIVS)."""
-    uid = PLUGIN_UID_BASE + os.getpid()
-    os.chown(home, uid, uid)
-    os.environ.update(HOME=home, TMPDIR=home, XDG_CACHE_HOME=os.path.join(home, ".cache"), USER="harness-plugin",
-                      LOGNAME="harness-plugin", TRITON_CACHE_DIR=os.path.join(home, ".triton"),
-                      TORCHINDUCTOR_CACHE_DIR=os.path.join(home, ".inductor"))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    mask = 1 << CAP_DAC_READ_SEARCH
-    header = ctypes.create_string_buffer(struct.pack("Ii", _CAPABILITY_VERSION_3, 0))
-    data = ctypes.create_string_buffer(struct.pack("IIIIII", mask, mask, mask, 0, 0, 0))  # effective, permitted,
-    if libc.capset(header, data) != 0:  # inheritable: the low word holds CAP_DAC_READ_SEARCH, the high word none
-        raise OSError(ctypes.get_errno(), "capset")
-    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0)  # a compiler it runs reads too
-    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+def serve(conn: Connection, options: dict) -> None:
+    """The implementation's process, confined (`llm_inference_harness.engine.confine.main`): load ``options["load"]``
+    (``{"technique", "name"}`` or ``{"technique", "plugin"}``) and answer the judge until it says to exit."""
+    server = Server(conn)
+    if server.load(options["load"]):
+        server.serve()
 
 
 class JudgeObject:
@@ -158,7 +61,8 @@ class JudgeObject:
         if name.startswith("_") or name not in self._spec.methods:
             raise AttributeError(f"{self._spec.type_name} object has no attribute {name!r} (it lives in the judge's "
                                  "process; only its methods can be called from here)")
-        return lambda *args, **kwargs: self._server.ask(self._spec, name, args, kwargs)
+        method = self.__dict__[name] = lambda *args, **kwargs: self._server.ask(self._spec, name, args, kwargs)
+        return method  # kept: a storage's write is looked up once, not per call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._server.ask(self._spec, "__call__", args, kwargs)
@@ -179,44 +83,28 @@ class Server:
         self.handed: collections.deque = collections.deque(maxlen=HANDED)  # (list, its items, the method)
         self.models: dict = {}  # key -> (model, the path it was sent as, its state then)
         self.decoder = wire.Decoder(self.resolve, trusted=True, arena_map=lambda: self.maps[-1], values=self.value)
+        self.state: list = [None]  # the global state after the last guarded call, if nothing has run since
 
     # -- loading ---------------------------------------------------------------------------------------------
     def load(self, load: dict) -> bool:
-        from llm_inference_harness.engine.registry import load_elsewhere
-        from llm_inference_harness.engine.runner import Target, _info, _load
+        from llm_inference_harness.engine.plugins import load_plugin
+        from llm_inference_harness.engine.registry import get, info, load_elsewhere
 
-        if "describe" in load:
-            return self.describe(load["describe"])
         try:
-            impl = load_elsewhere(_load(Target(load["technique"], name=load.get("name"), plugin=load.get("plugin"))))
+            plugin = load.get("plugin")
+            impl = load_elsewhere(load_plugin(plugin, load["technique"]) if plugin else get(load["technique"],
+                                                                                              load["name"]))
         except BaseException as exc:  # noqa: BLE001 - a plugin that fails to load is a verdict, not a crash
             text = "".join(traceback.format_exception_only(exc)).strip()
-            where = _where(exc, load.get("plugin"))
             failure = getattr(exc, "failure", None)  # a plugins.PluginLoadError's: whose fault, where
-            self.send(("load_failed", f"{where}{text}"[-4000:], dataclasses.asdict(failure) if failure else None))
+            self.send(("load_failed", f"{_where(exc, load.get('plugin'))}{text}"[-4000:],
+                       dataclasses.asdict(failure) if failure else None))
             return False
-        info = _info(impl)
+        declared = info(impl)
         self.objects[0] = impl.fn
-        info["methods"], info["type_name"] = self.methods(impl.fn), type(impl.fn).__name__
-        self.send(("loaded", self.encoder().encode(info)))
+        declared["methods"], declared["type_name"] = self.methods(impl.fn), type(impl.fn).__name__
+        self.send(("loaded", self.encoder().encode(declared)))
         return True
-
-    def describe(self, module: str) -> bool:
-        """Import another distribution's module and say what it registered (the harness lists it from that)."""
-        import importlib
-
-        from llm_inference_harness.engine.registry import REGISTRY
-        from llm_inference_harness.engine.runner import _info
-
-        before = set(REGISTRY)
-        try:
-            importlib.import_module(module.split(":")[0])
-        except BaseException as exc:  # noqa: BLE001 - a module that fails to import is reported, not a crash
-            self.send(("load_failed", f"{_where(exc, None)}{''.join(traceback.format_exception_only(exc)).strip()}"))
-            return False
-        infos = [_info(REGISTRY[key]) for key in sorted(set(REGISTRY) - before)]
-        self.send(("described", self.encoder().encode(infos)))
-        return False
 
     # -- the loop --------------------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -246,6 +134,8 @@ class Server:
             if obj is not None:
                 self.handles.pop(id(obj), None)
         extras: dict = {}
+        if op not in ("call", "many"):
+            self.state[0] = None  # its own code ran outside the guard: the next call reads the state afresh
         if op == "call":
             kind, payload = self.call(*rest, extras)
         elif op == "getattr":
@@ -256,6 +146,10 @@ class Server:
             from llm_inference_harness.sampling.replay import run_paths
 
             kind, payload = "paths", run_paths(self, *rest)
+        elif op == "paths_many":
+            from llm_inference_harness.sampling.replay import run_paths_many
+
+            kind, payload = "paths", run_paths_many(self, *rest)
         else:
             kind, payload = "violation", f"unknown request {op!r}"
         sinks, self.sink_calls = self.sink_calls, []
@@ -270,10 +164,15 @@ class Server:
         kwargs = {k: self.decoder.decode(v) for k, v in kwargs}
         if options.get("measure_memory"):
             fn = _measured(fn, extras)
+        if "paths" in options:
+            fn = _replayed(fn, options["paths"])
+        known = self.state
+        if "threads" in options or "torch_seed" in options:  # the judge's settings change the state: read afresh
+            known = self.state[0] = None
         try:
             with _settings(options):
                 out = guarded_call(fn, *args, timeout_s=options["timeout_s"], owns_torch_rng=options["owns_torch_rng"],
-                                   compare_tensors=False, **kwargs)
+                                   compare_tensors=False, known_state=known, **kwargs)
         except ContractViolation as exc:
             cause = exc.__cause__
             if isinstance(cause, BaseException) and str(exc).startswith("raised "):
@@ -339,7 +238,7 @@ class Server:
             return out
 
         try:
-            return guarded_call(run, timeout_s=timeout_s, compare_tensors=False)
+            return guarded_call(run, timeout_s=timeout_s, compare_tensors=False, known_state=self.state)
         except ContractViolation as exc:
             return [("violation", str(exc))] * len(groups)
 
@@ -398,10 +297,12 @@ class Server:
 
     def ask(self, spec: wire.RefSpec, method: str, args: tuple, kwargs: dict) -> Any:
         """Call a method of a judge object: recorded if it is a sink, else a request answered by the judge."""
-        encoder = self.encoder()
-        if spec.sink:
-            self.sink_calls.append((spec.handle, method, encoder.encode(tuple(args))))
+        if spec.sink:  # a storage's writes: ~10^5 in a worked example, plain ints each
+            plain = all(type(a) in wire.PLAIN_ATOMS for a in args)
+            self.sink_calls.append((spec.handle, method, ("L", list(args)) if plain else
+                                    self.encoder().encode(tuple(args))))
             return None
+        encoder = self.encoder()
         rid = next(self.ids)
         self.send(("q", rid, [], "call", spec.handle, method, encoder.encode(tuple(args)),
                    [(k, encoder.encode(v)) for k, v in kwargs.items()]))
@@ -437,6 +338,26 @@ def _settings(options: dict):
         torch.set_num_threads(threads)
 
 
+def _replayed(fn, paths: list):
+    """``fn`` once per path of scripted draws, its ``rng`` a replay of the path: each run's report, the output with
+    the draws made (harness/sampling/replay.py), or what it raised (the last report)."""
+    from llm_inference_harness.sampling.replay import ReplayRng
+
+    def runs(*args, **kwargs):
+        reports = []
+        for path in paths:
+            rng = ReplayRng(path)
+            try:
+                out = fn(*args, rng=rng, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the judge raises it, as a call's own exception
+                reports.append(("raised", wire.encode_exception(exc)))
+                break
+            reports.append(("run", out, rng.depth, [(list(map(float, w)), c, t) for w, c, t in rng.new]))
+        return reports
+
+    return runs
+
+
 def _measured(fn, extras: dict):
     """``fn`` under a tensor-memory meter (the judge's meter is on): its peak and largest allocation reported."""
     from llm_inference_harness.engine.memory import TensorMemory
@@ -449,15 +370,3 @@ def _measured(fn, extras: dict):
                 extras["memory"] = (meter.peak, meter.largest)
 
     return measured
-
-
-def _where(exc: BaseException, plugin: str | None) -> str:
-    """'file:line: ' of a SyntaxError, else of the innermost frame in the plugin's file (or, for a module, outside
-    the harness and the libraries)."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f"{exc.filename}:{exc.lineno}: "
-    frames = traceback.extract_tb(exc.__traceback__)
-    path = os.path.abspath(plugin.rsplit(":", 1)[0]) if plugin and plugin.rsplit(":", 1)[0].endswith(".py") else ""
-    mine = [f for f in frames if os.path.abspath(f.filename) == path] or [
-        f for f in frames if not any(part in f.filename for part in ("/harness/", "importlib", "site-packages"))]
-    return f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""

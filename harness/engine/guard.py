@@ -8,12 +8,14 @@ still shrink the failing example without waiting out the limit every time.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import dataclasses
 import random
 import re
 import signal
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
@@ -104,7 +106,7 @@ def names_argument(message: str, *args: str) -> bool:
 def guarded_call(
     fn: Callable[..., Any], *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S, arg_names: tuple[str, ...] = (),
     hang_owner: Any = None, watch: dict[str, Any] | None = None, owns_torch_rng: bool = False,
-    compare_tensors: bool = True, **kwargs: Any,
+    compare_tensors: bool = True, known_state: list | None = None, **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)``; check it returned in time and left its inputs and the global state alone.
 
@@ -117,7 +119,10 @@ def guarded_call(
     ``owns_torch_rng``: the contract hands torch's global RNG to the call (a sampler declaring rng="own").
     ``fn`` in the implementation's process (a `Remote` proxy) is called there, under this guard, and its inputs
     are compared by the judge (harness/engine/boundary.py); ``compare_tensors=False`` leaves input tensors to
-    that comparison (the implementation's process, whose tensors are views of the judge's arena).
+    that comparison (the implementation's process, whose tensors are views of the judge's arena).  ``known_state``,
+    a one-item list: the global state after the caller's last guarded call, taken as this call's state before
+    when it was read with the same ``owns_torch_rng`` (nothing ran in between: the call server's loop), and left
+    there as this call's state after (a change made between two calls is charged to the second).
     """
     key = id(hang_owner if hang_owner is not None else getattr(fn, "__func__", fn))
     if key in _hung:
@@ -133,9 +138,13 @@ def guarded_call(
     before = [(path, t.clone()) for path, t in _tensors(found)] if compare_tensors else []
     lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
     configs = list(_configs(found))
-    state = global_state(owns_torch_rng)
+    known = known_state[0] if known_state else None
+    state = known[1] if known is not None and known[0] == owns_torch_rng else global_state(owns_torch_rng)
     box = _timed(fn, args, kwargs, key, timeout_s)
-    changed = changed_state(state, global_state(owns_torch_rng))
+    after = global_state(owns_torch_rng)
+    changed = changed_state(state, after)
+    if known_state is not None:
+        known_state[0] = (owns_torch_rng, after)
     if "exc" in box:
         _raise(box["exc"], key)
     if changed:
@@ -197,14 +206,14 @@ def _is_remote(fn: Any) -> bool:
 
 
 def _remote_call(fn: Any, args: tuple, kwargs: dict, key: int, *, timeout_s: float, arg_names: tuple[str, ...],
-                 owns_torch_rng: bool, guarded: bool) -> Any:
+                 owns_torch_rng: bool, guarded: bool, paths: list | None = None) -> Any:
     """A call in the implementation's process.  ``guarded``: what the call raised becomes a ContractViolation
     caused by it, as in-process; otherwise it is raised as it is (a direct call, e.g. a factory or a method of
     an untimed manager)."""
     owner, method = (fn, "__call__") if isinstance(fn, Remote) else (fn.owner, fn.name)
     try:
         reply = owner.process.call(owner.handle, method, args, kwargs, timeout_s=timeout_s, arg_names=arg_names,
-                                   owns_torch_rng=owns_torch_rng)
+                                   owns_torch_rng=owns_torch_rng, paths=paths)
     except Hung as exc:
         _hung[key] = (f"hung: no result within the per-call limit of {timeout_s:g} s (it caught the alarm or never "
                       "returned to Python); its process group was killed")
@@ -236,6 +245,19 @@ def call_unguarded(owner: Any, method: str, args: tuple, kwargs: dict) -> Any:
         raise ContractViolation(_hung[key])
     return _remote_call(fn, args, kwargs, key, timeout_s=owner.process.call_limit_s, arg_names=(),
                         owns_torch_rng=False, guarded=False)
+
+
+def replayed_calls(fn: Any, args: tuple, paths: list[list[int]], *, timeout_s: float) -> list:
+    """``fn(*args, rng=ReplayRng(path))`` (harness/sampling/replay.py) for each path, in the implementation's process
+    (``fn`` a `Remote` or one of its methods), one message and one guard over there for all of them: the runs'
+    reports as it sent them, ``("run", output, depth, choices)`` or ``("raised", exception)``, up to the first that
+    raised.  As a direct call: the implementation's own per-call limit applies to the batch."""
+    owner = fn if isinstance(fn, Remote) else fn.owner
+    key = id(owner.process.impl_fn) if owner.process.impl_fn is not None else id(owner)
+    if key in _hung:
+        raise ContractViolation(_hung[key])
+    return _remote_call(fn, args, {}, key, timeout_s=timeout_s, arg_names=(), owns_torch_rng=False, guarded=False,
+                        paths=paths)
 
 
 class _Expired(BaseException):
@@ -300,17 +322,26 @@ def global_state(owns_torch_rng: bool = False) -> dict[str, Any]:
     """Process-wide settings and RNG states a call could change behind its caller's back."""
     state = {
         "torch default dtype": torch.get_default_dtype(),
-        "torch default device": str(torch.get_default_device()),
+        "torch default device": _default_device(),
         "grad mode": torch.is_grad_enabled(),
         "torch intra-op threads": torch.get_num_threads(),
         "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
         "float32 matmul precision": torch.get_float32_matmul_precision(),
         "numpy global RNG": _numpy_rng(),
-        "python random RNG": random.getstate(),
+        "python random RNG": _python_rng(),
     }
     if not owns_torch_rng:
         state["torch global RNG"] = torch.random.get_rng_state()
     return state
+
+
+def _default_device() -> str:
+    """str(torch.get_default_device()), without its ~4 us where no torch function mode is active and no default
+    device was set (then it is the CPU, as torch/__init__.py's get_default_device reads it)."""
+    if torch._C._len_torch_function_stack() == 0 and getattr(
+            getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None) is None:
+        return "cpu"
+    return str(torch.get_default_device())
 
 
 _MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32_t key[624]; int pos
@@ -324,6 +355,33 @@ def _numpy_rng() -> tuple:
     if type(bitgen) is not np.random.MT19937:  # np.random.set_bit_generator(...) replaced it: compare in full
         return id(bitgen), repr(bitgen.state)
     return id(bitgen), ctypes.string_at(bitgen.ctypes.state_address, _MT19937_STATE_BYTES)
+
+
+def _python_rng() -> Any:
+    """Python's global generator: its Mersenne Twister key and position read in place (random.getstate() builds a
+    625-int tuple, ~10 us, twice per guarded call), and the Gaussian it keeps; in full where that layout was not
+    found (`_RANDOM_STATE_AT`)."""
+    inst = random._inst
+    if _RANDOM_STATE_AT is None or type(inst) is not random.Random:
+        return random.getstate()
+    return id(inst), ctypes.string_at(id(inst) + _RANDOM_STATE_AT, _MT19937_STATE_BYTES), inst.gauss_next
+
+
+def _random_state_at() -> int | None:
+    """Where CPython's random.Random keeps ``int index; uint32_t state[624]`` (right after the object header), if
+    reading it there agrees with getstate() on a generator seeded here; None elsewhere (another interpreter)."""
+    probe = random.Random(20240607)
+    probe.random()
+    key = probe.getstate()[1]
+    expected = struct.pack("i624I", key[624], *key[:624])
+    for offset in (16, 24, 32):
+        with contextlib.suppress(Exception):
+            if ctypes.string_at(id(probe) + offset, len(expected)) == expected:
+                return offset
+    return None
+
+
+_RANDOM_STATE_AT = _random_state_at()
 
 
 def changed_state(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -210,13 +210,41 @@ def describe(module: str, limit_s: float = PROBE_LIMIT_S) -> list[dict]:
     from llm_inference_harness.engine.boundary import LoadFailed, PluginProcess
     from llm_inference_harness.engine.guard import BoundaryFailure
 
-    process = PluginProcess.start({"describe": module}, capture=os.devnull)
+    process = PluginProcess.start({"describe": module}, _describe, capture=os.devnull)
     try:
         return process.described(limit_s)
     except (LoadFailed, BoundaryFailure) as exc:
         raise RuntimeError(str(exc).replace("the implementation's process", "the process importing it")) from None
     finally:
         process.close()
+
+
+def _describe(conn: Any, options: dict) -> None:
+    """In the probing process, confined (harness/engine/confine.py): import the module and send the declarations of
+    what it registered, or why the import failed."""
+    from llm_inference_harness.engine import wire
+    from llm_inference_harness.engine.confine import where
+
+    def refused(obj: Any) -> Any:
+        raise TypeError(f"a declaration holds a {type(obj).__name__}, not plain data")
+
+    module, before = options["load"]["describe"], set(REGISTRY)
+    try:
+        importlib.import_module(module.split(":")[0])
+        infos = wire.Encoder(refused).encode([info(REGISTRY[key]) for key in sorted(set(REGISTRY) - before)])
+    except BaseException as exc:  # noqa: BLE001 - a module that fails to import is reported, not a crash
+        conn.send_bytes(wire.dumps(("load_failed",
+                                    f"{where(exc, None)}{''.join(traceback.format_exception_only(exc)).strip()}")))
+        return
+    conn.send_bytes(wire.dumps(("described", infos)))
+
+
+def info(impl: Impl) -> dict:
+    """What a record declares, as plain data (sent by the implementation's process, reported with its verdicts)."""
+    return {"name": impl.name, "technique": impl.technique, "mutant": impl.mutant, "exact": impl.exact,
+            "killed_by": impl.killed_by, "bug": impl.bug, "devices": impl.devices, "dtypes": impl.dtypes,
+            "caps": impl.caps.declared(), "source": impl.source, "cite": impl.cite,
+            "unavailable": impl.unavailable}
 
 
 def _register_elsewhere(module: str, info: dict) -> None:

@@ -30,6 +30,7 @@ from llm_inference_harness.engine.inputs import UsageError
 from llm_inference_harness.engine.laws import law, shrinking
 from llm_inference_harness.engine.plugins import LoadFailure, PluginLoadError
 from llm_inference_harness.engine.registry import KNOWN_FAILURES, Impl
+from llm_inference_harness.engine.registry import info as _info
 
 
 @dataclass(frozen=True)
@@ -373,13 +374,6 @@ def _load(target: Target) -> Impl:
     return get(target.technique, target.name)
 
 
-def _info(impl: Impl) -> dict:
-    return {"name": impl.name, "technique": impl.technique, "mutant": impl.mutant, "exact": impl.exact,
-            "killed_by": impl.killed_by, "bug": impl.bug, "devices": impl.devices, "dtypes": impl.dtypes,
-            "caps": impl.caps.declared(), "source": impl.source, "cite": impl.cite,
-            "unavailable": impl.unavailable}
-
-
 def verdicts_of(impl: Impl, props: list[Property], *, profile: str, plugin: str | None = None,
                 blob: str | None = None, shrink: bool = True) -> Iterator[Verdict]:
     """Each property's verdict, in order, run here (in a child, each announced to the parent first)."""
@@ -483,12 +477,13 @@ class LoadError(Exception):
 def open_isolated(target: Target, *, one_thread: bool, spawn=None) -> Impl:
     """The target loaded in a process of its own (harness/engine/boundary.py); here, a record of what it declared
     whose ``fn`` is a proxy.  RuntimeError naming the file, line and exception when loading it failed."""
+    from llm_inference_harness.engine import callserver
     from llm_inference_harness.engine.boundary import LoadFailed, PluginProcess
     from llm_inference_harness.engine.registry import make_impl
 
     load = {"technique": target.technique, "name": target.name, "plugin": target.plugin}
-    process = PluginProcess.start(load, capture=isolation.capture_path(), memory_bytes=isolation.memory_limit(),
-                                  one_thread=one_thread, spawn=spawn)
+    process = PluginProcess.start(load, callserver.serve, capture=isolation.capture_path(),
+                                  memory_bytes=isolation.memory_limit(), one_thread=one_thread, spawn=spawn)
     try:
         started = process.hello(import_limit_s())
     except LoadFailed as exc:

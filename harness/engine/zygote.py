@@ -76,7 +76,7 @@ def _read_frame(sock: socket.socket, first: bytes = b"") -> bytes:
 
 def _serve(sock: socket.socket, parent: int) -> None:
     """The zygote's loop: fork on "spawn", report on "wait"; exit when the judge's end closes."""
-    from llm_inference_harness.engine import callserver
+    from llm_inference_harness.engine import callserver, confine
     from llm_inference_harness.engine.registry import load_all
 
     die_with_parent(parent)
@@ -92,7 +92,7 @@ def _serve(sock: socket.socket, parent: int) -> None:
                 pid = os.fork()
                 if pid == 0:
                     sock.close()
-                    callserver.main(fds[0], me, arg)  # never returns
+                    confine.main(fds[0], me, arg, callserver.serve)  # never returns
                 os.close(fds[0])
                 sock.sendall(_frame(pid))
             else:

@@ -64,7 +64,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,7 +74,7 @@ from llm_inference_harness.engine import isolation
 from llm_inference_harness.engine.guard import is_remote
 from llm_inference_harness.engine.progress import progress as progress_bar
 from llm_inference_harness.sampling.lm import LM
-from llm_inference_harness.sampling.replay import (  # noqa: F401 - ReplayRng and DraftsPastBudget: part of this module's face
+from llm_inference_harness.sampling.replay import (  # noqa: F401 - ReplayRng, explore, ...: part of this module's face
     DraftsPastBudget,
     PathRunner,
     RemoteRunner,
@@ -82,7 +82,10 @@ from llm_inference_harness.sampling.replay import (  # noqa: F401 - ReplayRng an
     RunResult,
     _Clock,
     check_output,
+    explore,
+    explore_batches,
     past_budget,
+    push_alternatives,
     tokens_of,
 )
 from llm_inference_harness.sampling.workers import Workers
@@ -90,40 +93,17 @@ from llm_inference_harness.sampling.workers import Workers
 NOTE_AFTER_S = 30.0  # an enumeration running longer prints where its time went
 
 
-def push_alternatives(stack: list, path: list[int], prob: float, new: list, upto: int) -> float:
-    """Push the alternatives of the first ``upto`` new choices of a run along ``path`` (probability ``prob``
-    so far); return the probability of the run's own choices."""
-    taken = list(path)
-    for weights, chosen, _ in new[:upto]:
-        stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights) if w > 0 and o != chosen)
-        taken.append(chosen)
-        prob *= weights[chosen]
-    return prob
-
-
-def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Hashable, float]]:
-    """Yield (outcome, probability) for every branch of ``run``; the probabilities sum to one."""
-    stack: list = [([], 1.0, None)]
-    while stack:
-        path, prob, _ = stack.pop()
-        rng = ReplayRng(path)
-        outcome = run(rng)
-        prob = push_alternatives(stack, path, prob, rng.new, len(rng.new))
-        if bar is not None:
-            bar.update()
-        yield outcome, prob
-
-
 class TooManyBranches(AssertionError):
     """An enumeration past its budget of runs: a sampler whose draws branch further than its case allows."""
 
 
-def outcome_distribution(run: Callable[[ReplayRng], Hashable], *, max_runs: int) -> dict[Hashable, float]:
-    """P(outcome) of ``run`` over every branch of its draws (`explore`, summed per outcome); `TooManyBranches`
-    past ``max_runs`` runs, so that a sampler that keeps drawing gets a verdict, not an endless search.  For a
-    sampler of one step (a token per row of a batch) there are no rounds to merge: every branch is one run."""
+def outcome_distribution(run: Callable[[ReplayRng], Hashable], *, max_runs: int,
+                         run_many: Callable | None = None) -> dict[Hashable, float]:
+    """P(outcome) of ``run`` over every branch of its draws (`explore`, or `explore_batches` of ``run_many``, summed
+    per outcome); `TooManyBranches` past ``max_runs`` runs, so that a sampler that keeps drawing gets a verdict, not
+    an endless search.  For a sampler of one step (a token per row of a batch) every branch is one run."""
     dist: dict[Hashable, float] = defaultdict(float)
-    for runs, (outcome, prob) in enumerate(explore(run), 1):
+    for runs, (outcome, prob) in enumerate(explore(run) if run_many is None else explore_batches(run_many), 1):
         if runs > max_runs:
             raise TooManyBranches(f"more than {max_runs} branches of the sampler's draws (each run is one branch): it "
                                   "draws more often than one categorical per row and a bounded chain of retries")
@@ -155,6 +135,7 @@ class EnumerationTooSlow(AssertionError):
 # model rows, every round's result is pickled back); the goal case, 22,475 runs, runs faster in one process
 PARALLEL_AFTER_RUNS = 50_000
 MAX_WORKERS = 8
+MANY_PATHS = 4096  # paths in one message of `_Enumerator.explore_together` (a sampler in its own process)
 
 
 def can_fork() -> bool:
@@ -456,17 +437,41 @@ class _Enumerator:
         return found
 
     def prefetch(self, states: list) -> None:
-        """Explore ``states`` and every round state they lead to in the workers, one level at a time."""
+        """Explore ``states`` and every round state they lead to, one level at a time: in the workers, or each
+        level's states together in the messages of a runner in another process (`explore_together`)."""
         rounds = self.rounds
         level = list(dict.fromkeys(s for s in states if s not in rounds))
         while level:
             level.sort(key=lambda s: -s[1])  # bigger budgets, bigger rounds: first
             tasks = [(ctx, budget, [([], 1.0, None)]) for ctx, budget in level]
-            for state, result in zip(level, self.pool.map(tasks, self.clock, ordered=True), strict=True):
-                rounds[state] = self.received(result)
+            for state, result in zip(level, self.pool.map(tasks, self.clock, ordered=True) if self.pool.started
+                                     else self.explore_together(level), strict=True):
+                rounds[state] = self.received(result) if self.pool.started else result
                 rounds[state].expand()
             level = list(dict.fromkeys((ctx + t, budget - len(t)) for ctx, budget in level
                                        for t in rounds[(ctx, budget)].cut if (ctx + t, budget - len(t)) not in rounds))
+
+    def explore_together(self, states: list) -> list[_Round]:
+        """`explore_branches` of several round states at once: each message to the runner carries the next batch
+        of every state with branches left (up to ``MANY_PATHS`` paths), sent before the last one's runs settle."""
+        work, inflight = {state: (_Round(), [([], 1.0, None)], {}) for state in states}, None  # runs, stack, patterns
+        while True:
+            groups, room = [], MANY_PATHS
+            for state, (_, stack, _) in work.items():
+                if stack and room > 0:
+                    groups.append((state, [stack.pop() for _ in range(min(len(stack), self.runner.batch, room))]))
+                    room -= len(groups[-1][1])
+            ticket = self.runner.start_many([(*st, [t[0] for t in taken]) for st, taken in groups]) if groups else None
+            for (state, taken), results in zip(*inflight, strict=True) if inflight else ():
+                found, stack, self.patterns = work[state]
+                for (path, prob, confirm), r in zip(taken, results, strict=True):
+                    found.runs += 1
+                    self.settle(found, state[1], path, prob, confirm, r.new, r.done, r.tokens, r.depth, r.calls,
+                                stack)
+                    self.after_run(found, state, stack)
+            if not groups and inflight is None:
+                return [found for found, _, _ in work.values()]
+            inflight = (groups, self.runner.finish_many(ticket)) if groups else None
 
     def probe_budget(self, ctx: tuple[int, ...]) -> None:
         """One run from ``ctx`` with one token left: a sampler that drafts past its budget shows it here, at
@@ -480,7 +485,7 @@ class _Enumerator:
             return self.table[(ctx, budget)]
         found = self.round_of(ctx, budget)
         out, groups = found.out, found.out_groups  # composed in place: a round's own outcomes are read only here
-        if found.cut and self.pool.started:
+        if found.cut and (self.pool.started or hasattr(self.runner, "start_many")):
             self.prefetch([(ctx + t, budget - len(t)) for t in found.cut])
         # Composed once per distinct round outcome, not once per run: thousands of runs (the drafts a
         # rejection discards) end in the same tokens, and each would otherwise walk the whole sub-distribution.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +98,40 @@ class ReplayRng:
             self.depth = depth + 1
             return self.path[depth]
         return self._choose(list(weights), token_row)
+
+
+def push_alternatives(stack: list, path: list[int], prob: float, new: list, upto: int) -> float:
+    """Push the alternatives of the first ``upto`` new choices of a run along ``path`` (probability ``prob``
+    so far); return the probability of the run's own choices."""
+    taken = list(path)
+    for weights, chosen, _ in new[:upto]:
+        stack.extend((taken + [o], prob * w, None) for o, w in enumerate(weights) if w > 0 and o != chosen)
+        taken.append(chosen)
+        prob *= weights[chosen]
+    return prob
+
+
+def explore(run: Callable[[ReplayRng], Hashable], bar=None) -> Iterator[tuple[Hashable, float]]:
+    """Yield (outcome, probability) for every branch of ``run``; the probabilities sum to one."""
+    stack: list = [([], 1.0, None)]
+    while stack:
+        path, prob, _ = stack.pop()
+        rng = ReplayRng(path)
+        outcome = run(rng)
+        prob = push_alternatives(stack, path, prob, rng.new, len(rng.new))
+        if bar is not None:
+            bar.update()
+        yield outcome, prob
+
+
+def explore_batches(run_many: Callable[[list[list[int]]], list], batch: int = 512) -> Iterator[tuple[Hashable, float]]:
+    """`explore` with ``run_many(paths) -> [(outcome, its new choices), ...]`` running up to ``batch`` paths at once
+    (a sampler in its own process: one message each); the same branches, visited in another order."""
+    stack: list = [([], 1.0, None)]
+    while stack:
+        taken = [stack.pop() for _ in range(min(len(stack), batch))]
+        for (path, prob, _), (outcome, new) in zip(taken, run_many([t[0] for t in taken]), strict=True):
+            yield outcome, push_alternatives(stack, path, prob, new, len(new))
 
 
 # Replays return shared 0-dim tensors: creating a fresh one costs more than the rest of a choice.
@@ -411,6 +445,36 @@ def run_paths(server, session: int, setup: dict | None, ctx: list, budget: int, 
     return out
 
 
+def run_paths_many(server, session: int, setup: dict | None, groups: list) -> list:
+    """`run_paths` of several round states, ``groups`` of (ctx, budget, paths): each one's report, until one
+    raises."""
+    out = []
+    for ctx, budget, paths in groups:
+        out.append(run_paths(server, session, setup, ctx, budget, paths, False))
+        setup = None
+        if any(entry[0] == "raised" for entry in out[-1]):
+            break
+    return out
+
+
+def well_formed(choices: list) -> bool:
+    """Each (weights, chosen, token_row): float weights >= 0 summing to one, the chosen outcome possible (checked
+    a vector length at a time, one array each)."""
+    by_length: dict[int, list] = {}
+    for choice in choices:
+        weights, chosen, token_row = choice
+        if type(weights) is not list or not weights or set(map(type, weights)) != {float} or not (
+                type(chosen) is int and 0 <= chosen < len(weights)) or type(token_row) is not bool:
+            return False
+        by_length.setdefault(len(weights), []).append((weights, chosen))
+    for group in by_length.values():
+        w = np.array([weights for weights, _ in group], dtype=np.float64)
+        picked = w[np.arange(len(group)), [chosen for _, chosen in group]]
+        if not ((w >= 0).all() and (picked > 0).all() and (np.abs(w.sum(axis=1) - 1) <= PROBABILITY_SUM).all()):
+            return False
+    return True
+
+
 # --- in the judge ------------------------------------------------------------------------------------------------
 class RemoteRunner:
     """Runs the sampler in the implementation's process, ``batch`` paths a message; checks every report."""
@@ -443,7 +507,32 @@ class RemoteRunner:
     def finish(self, ticket: tuple) -> list[RunResult]:
         rid, paths = ticket
         entries = self._entries(self.process.wait(rid, self._limit(paths)), paths, probe=False)
-        return [self._checked(e, path) for e, path in zip(entries, paths, strict=False)]
+        results = [self._checked(e, path) for e, path in zip(entries, paths, strict=False)]
+        self._distributions([c for r in results for c in r.new])
+        return results
+
+    def start_many(self, groups: list[tuple[tuple[int, ...], int, list[list[int]]]]) -> tuple:
+        """Send the next batch of several round states, ``groups`` of (ctx, budget, paths), in one message."""
+        setup, self.setup = self.setup, None
+        groups = [(list(ctx), budget, paths) for ctx, budget, paths in groups]
+        return self.process.post(("paths_many", self.session, setup, groups)), groups
+
+    def finish_many(self, ticket: tuple) -> list[list[RunResult]]:
+        """Each group's runs, checked as `finish` checks them."""
+        rid, groups = ticket
+        reply = self.process.wait(rid, self._limit([p for _, _, paths in groups for p in paths]))
+        reports = reply.value if reply.kind == "paths" else None
+        if type(reports) is not list or len(reports) > len(groups):
+            raise self.process.crash("crashed: the implementation's process answered an enumeration batch with "
+                                     "something else")
+        results = []
+        for report, (_, _, paths) in zip(reports, groups, strict=False):
+            entries = self._report(report, paths, probe=False)
+            results.append([self._checked(e, path) for e, path in zip(entries, paths, strict=False)])
+        if len(results) != len(groups):
+            raise self.process.crash("crashed: an enumeration report of the wrong length")
+        self._distributions([c for runs in results for r in runs for c in r.new])
+        return results
 
     def probe(self, ctx: tuple[int, ...]) -> None:
         setup, self.setup = self.setup, None
@@ -454,9 +543,11 @@ class RemoteRunner:
         return self.process.call_limit_s * max(1, len(paths) // 64) + 3.0
 
     def _entries(self, reply, paths: list, probe: bool) -> list:
+        return self._report(reply.value if reply.kind == "paths" else None, paths, probe)
+
+    def _report(self, entries, paths: list, probe: bool) -> list:
         from llm_inference_harness.engine import wire
 
-        entries = reply.value if reply.kind == "paths" else None
         if type(entries) is not list:
             raise self.process.crash("crashed: the implementation's process answered an enumeration batch with "
                                      "something else")
@@ -482,17 +573,20 @@ class RemoteRunner:
             tag, done, tokens, depth, calls, new = entry
             if tag != "run" or type(done) is not bool or type(depth) is not int or type(calls) is not int:
                 raise ValueError("a run's fields")
-            if type(tokens) is not list or not all(type(t) is int and 0 <= t < self.vocab_size for t in tokens):
+            if type(tokens) is not list or (tokens and (set(map(type, tokens)) != {int} or min(tokens) < 0
+                                                        or max(tokens) >= self.vocab_size)):
                 raise ValueError(f"tokens {tokens!r:.80} outside the vocabulary")
             choices = []
-            for weights, chosen, token_row in new:
-                w = np.asarray(weights, dtype=np.float64)
-                if w.ndim != 1 or not (type(chosen) is int and 0 <= chosen < len(w) and w[chosen] > 0) or \
-                        type(token_row) is not bool or not (w.min() >= 0 and abs(w.sum() - 1) <= PROBABILITY_SUM):
-                    raise ValueError("a choice that is not a draw from a distribution")
+            for weights, chosen, token_row in new:  # checked by `_distributions`, over the batch at once
                 choices.append((weights, chosen, token_row))
             if not len(path) <= depth <= len(path) + len(choices) or calls < 0:
                 raise ValueError("a round's depth outside the choices it made")
         except (TypeError, ValueError) as exc:
             raise self.process.crash(f"crashed: the implementation's process sent a malformed run ({exc})") from None
         return RunResult(done, tuple(tokens), depth, calls, choices)
+
+    def _distributions(self, choices: list) -> None:
+        """Every choice of a batch's runs a draw from a distribution (`well_formed`)."""
+        if not well_formed(choices):
+            raise self.process.crash("crashed: the implementation's process sent a malformed run (a choice that is "
+                                     "not a draw from a distribution)")

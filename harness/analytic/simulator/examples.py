@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_inference_harness.contracts.block_manager import CountingStorage, NullStorage, open_manager
+from llm_inference_harness.contracts.block_manager import CountingStorage, NullStorage, deferred, open_manager
 from llm_inference_harness.engine.registry import Impl, get
 
 
@@ -46,9 +46,10 @@ def parallel_sampling(impl: Impl | str, *, prompt: int, samples: int, output: in
                 m.allocate(s, shared_prompt)
             else:
                 m.fork(0, s)
-        for t in range(output):  # decode steps: every sample emits one token
-            for s in range(samples):
-                m.append(s, -(s * output + t) - 1)
+        with deferred(m):  # across the boundary: the appends sent without waiting for each reply
+            for t in range(output):  # decode steps: every sample emits one token
+                for s in range(samples):
+                    m.append(s, -(s * output + t) - 1)
         slots.append(_used(m, n) * block_size)
     return ParallelSampling(*slots)
 
@@ -67,8 +68,9 @@ def shared_prompt_answers(impl: Impl | str, *, prompt: int, answers: int, output
     unshared = open_manager(impl, n, block_size, NullStorage())
     for a in range(answers):
         unshared.allocate(a, _distinct(a, prompt))
-        for t in range(output):
-            unshared.append(a, t)
+        with deferred(unshared):
+            for t in range(output):
+                unshared.append(a, t)
     storage = CountingStorage()
     shared = open_manager(impl, n, block_size, storage)
     shared.allocate(0, _distinct(answers, prompt))
@@ -89,8 +91,9 @@ def block_size_waste(impl: Impl | str, block_size: int, *, lengths) -> float:
     impl, lengths = _impl(impl), list(lengths)
     m = open_manager(impl, -(-max(lengths) // block_size), block_size, NullStorage())
     waste = 0
-    for i, n in enumerate(lengths):
-        m.allocate(i, _distinct(i, n))
-        waste += len(m.block_table(i)) * block_size - n
-        m.free(i)
+    with deferred(m):  # each free sent without waiting: the next allocate follows it at once
+        for i, n in enumerate(lengths):
+            m.allocate(i, _distinct(i, n))
+            waste += len(m.block_table(i)) * block_size - n
+            m.free(i)
     return waste / len(lengths)
