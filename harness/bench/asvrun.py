@@ -218,11 +218,13 @@ def suite(refresh: bool = False) -> dict:
     if refresh or not current:
         with tempfile.TemporaryDirectory(prefix="harness-discover-") as tmp:
             # selecting no benchmark, asv discovers the suite, writes benchmarks.json, runs nothing and exits 1
+            log = Path(tmp) / "discover.log"  # asv's lines about selecting nothing are noise: quoted on failure only
             rc = asv(["run", "--quick", "--python=same", "--dry-run", "--bench", "^no benchmark is called this$"]
-                     + (["--set-commit-hash", _head()] if _head() else []), results=Path(tmp))
+                     + (["--set-commit-hash", _head()] if _head() else []), results=Path(tmp), log=log)
             found = Path(tmp) / "benchmarks.json"
             if not found.is_file():
-                raise RuntimeError(f"asv could not discover the benchmark suite (exit {rc})")
+                raise RuntimeError(f"asv could not discover the benchmark suite (exit {rc}):\n"
+                                   f"{log.read_text()[-3000:]}")
             path.parent.mkdir(parents=True, exist_ok=True)
             outputs.write_bytes(path, found.read_bytes())
         outputs.write_text(stamp, here)  # after the suite: a run killed between leaves the old stamp (rediscovered)
