@@ -38,12 +38,12 @@ FAILING = ("FAIL", "stale")  # statuses that make a check exit 1 (an upstream fa
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    environment = dict(os.environ)  # what this command sets for its children (trust, the example database) ends
-    try:                            # with it: main() called in a test leaves the next command as it found it
+    saved = dict(os.environ)  # what this command sets for its children (trust, the example database) ends with
+    try:                      # it: main() called in a test leaves the next command as it found it
         return _command(args)
     finally:
         os.environ.clear()
-        os.environ.update(environment)
+        os.environ.update(saved)
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -244,8 +244,9 @@ def _valid_names(args: argparse.Namespace) -> None:
 
 def _valid_entry_points(args: argparse.Namespace) -> None:
     """--entry-points (and HARNESS_ENTRY_POINTS): names or values of installed entry points, or 'all'."""
-    given = [("--entry-points", getattr(args, "entry_points", None)),
-             ("HARNESS_ENTRY_POINTS", os.environ.get("HARNESS_ENTRY_POINTS"))]
+    given = [("--entry-points", (getattr(args, "entry_points", None) or "").split(",")),
+             ("HARNESS_ENTRY_POINTS", environment.value("HARNESS_ENTRY_POINTS"))]
+    given = [(where, [name for name in names if name]) for where, names in given]
     if not any(names for _, names in given):
         return
     from importlib.metadata import entry_points
@@ -253,7 +254,7 @@ def _valid_entry_points(args: argparse.Namespace) -> None:
     theirs = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.dist is None or ep.dist.name != DISTRIBUTION]
     known = {ep.name for ep in theirs} | {ep.value for ep in theirs} | {"all"}
     for where, names in given:
-        unknown = [name for name in (names or "").split(",") if names and name not in known]
+        unknown = [name for name in names if name not in known]
         if unknown:
             installed = ", ".join(sorted(ep.name for ep in theirs)) or "none is installed"
             raise UsageError(f"{where}: no entry point {', '.join(map(repr, unknown))} of another distribution in "

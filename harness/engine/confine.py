@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import resource
 import struct
 import sys
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+
+from llm_inference_harness.engine.isolation import cap_address_space, die_with_parent, output_to
 
 PLUGIN_UID_BASE = 1_000_000_000  # the implementation's uid when the harness runs as root: this + its pid
 PR_SET_KEEPCAPS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 38, 47, 2
@@ -31,17 +32,15 @@ def main(fd: int, parent: int, options: dict, serve: Callable[[Connection, dict]
     """The implementation's process: confined, then ``serve(its channel, options)``; exits, never returns."""
     code = 0
     try:
-        from llm_inference_harness.engine.isolation import die_with_parent
-
         die_with_parent(parent)
         os.setsid()
         _keep_only(fd)
-        _capture(options["capture"])
+        null = os.open(os.devnull, os.O_RDONLY)  # nothing to read: the judge's terminal is not the implementation's
+        os.dup2(null, 0)
+        os.close(null)
+        output_to(options["capture"], truncate=False)
         if options.get("memory_bytes"):
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            cap = _address_space() + options["memory_bytes"]
-            cap = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+            cap_address_space(options["memory_bytes"])
         if options.get("home"):
             plugin_uid(options["home"])
             die_with_parent(parent)  # a change of user id clears the parent-death signal: set it again
@@ -82,23 +81,6 @@ def _keep_only(fd: int) -> None:
         if n > 2 and n != fd:
             with contextlib.suppress(OSError):
                 os.close(n)
-
-
-def _capture(path: str) -> None:
-    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    os.close(null)
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-
-
-def _address_space() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def plugin_uid(home: str) -> None:

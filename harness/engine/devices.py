@@ -16,7 +16,8 @@ def only() -> tuple[str, ...]:
 
 def available(declared: tuple[str, ...]) -> tuple[str, ...]:
     here = tuple(d for d in declared if d == "cpu" or (d == "cuda" and torch.cuda.is_available()))
-    return tuple(d for d in here if d in only()) if only() else here
+    narrowed = only()
+    return tuple(d for d in here if d in narrowed) if narrowed else here
 
 
 def unavailable_reason(impl) -> str | None:

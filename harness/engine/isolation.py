@@ -120,18 +120,11 @@ def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable
     global _channel, _deadline, _memory_limit, _capture
     die_with_parent(parent)  # a killed harness takes its children along (they are in sessions of their own)
     os.setsid()  # its own session and process group: no terminal signals, one group to kill
-    out = os.open(capture_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    # whatever stood in for sys.stdout in the parent (a notebook's stream, pytest's capture, redirect_stdout),
-    # the implementation's prints land in the capture file too
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    output_to(capture_path, truncate=True)
     _channel, _deadline, _capture = conn, deadline, capture_path
     if limits.memory_bytes:
         _memory_limit = limits.memory_bytes
-        cap = _address_space() + limits.memory_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        cap_address_space(limits.memory_bytes)
     try:
         job()
         send("done")
@@ -147,9 +140,25 @@ class Stopped(Exception):
     """A job that cannot go on, and says why in the words of a stopped child ("crashed: ...", "error: ...")."""
 
 
-def _address_space() -> int:
+def output_to(path: str, *, truncate: bool) -> None:
+    """This process's output (descriptors 1 and 2, and whatever stood in for sys.stdout in the parent: a notebook's
+    stream, pytest's capture, redirect_stdout) appended to the file ``path``, emptied first if ``truncate``."""
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0), 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+
+
+def cap_address_space(nbytes: int) -> None:
+    """This process's address space capped at what it maps now plus ``nbytes`` (within the hard limit): an
+    allocation past it fails at once instead of paging the machine to death."""
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        cap = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + nbytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
 # --- in the parent ------------------------------------------------------------------------------------------

@@ -32,8 +32,10 @@ def law(prop: Property, *, shrink: bool, blob: str | None) -> Callable:
         return fn
     if shrink:
         return prop.fn
+    from hypothesis import settings
+
     with shrinking(False):
-        key = (prop.module, repr(_default_settings()))
+        key = (prop.module, repr(settings.default))
         if key not in _UNSHRUNK:
             _UNSHRUNK[key] = _fresh(prop.module)
         return getattr(_UNSHRUNK[key], f"test_{prop.name}")
@@ -48,12 +50,6 @@ def _fresh(module: str) -> object:
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)
     return fresh
-
-
-def _default_settings():
-    from hypothesis import settings
-
-    return settings.default
 
 
 @contextlib.contextmanager

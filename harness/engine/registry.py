@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_inference_harness.contracts import technique as contract
+from llm_inference_harness.engine import environment
 from llm_inference_harness.engine.capabilities import Caps, build
 
 ENTRY_POINT_GROUP = "harness.impls"
@@ -153,7 +154,7 @@ def get(technique: str, name: str) -> Impl:
 
 LOAD_ERRORS: list[str] = []
 _loaded = False
-_enabled: set[str] = {n for n in os.environ.get("HARNESS_ENTRY_POINTS", "").split(",") if n}
+_enabled: set[str] = set()  # by enable_entry_points; HARNESS_ENTRY_POINTS is read when they load
 PROBE_LIMIT_S = 60.0
 
 
@@ -182,8 +183,9 @@ def load_all() -> None:
                            "(pip install -e .) so that its implementations register")
     for ep in ours:
         _try_import(ep.value, origin=f"entry point {ep.name} = {ep.value}")
+    enabled = _enabled | set(environment.value("HARNESS_ENTRY_POINTS"))
     for ep in theirs:
-        if "all" in _enabled or ep.name in _enabled or ep.value in _enabled:
+        if "all" in enabled or ep.name in enabled or ep.value in enabled:
             origin = f"entry point {ep.name} = {ep.value} (of {ep.dist.name if ep.dist else 'unknown'})"
             try:
                 for info in describe(ep.value):

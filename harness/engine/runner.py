@@ -96,13 +96,13 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
         return Verdict(impl.name, prop.name, "skip", message=reason)
     start = time.perf_counter()
     known = KNOWN_FAILURES.get((impl.technique, impl.name, prop.name))
+    shrink = shrink and not known
     printed: list[str] = []  # a replayed example is reported, not attached to the exception
     from hypothesis import reporting
 
     try:
-        with shrinking(shrink and not known), (
-                reporting.with_reporter(printed.append) if blob else contextlib.nullcontext()):
-            law(prop, shrink=shrink and not known, blob=blob)(impl=impl)
+        with shrinking(shrink), reporting.with_reporter(printed.append) if blob else contextlib.nullcontext():
+            law(prop, shrink=shrink, blob=blob)(impl=impl)
     except Exception as exc:  # noqa: BLE001 - any failure of the property is a verdict
         verdict = Verdict(
             impl.name, prop.name, "FAIL",
