@@ -9,7 +9,7 @@ sequence reads through its block table is the KV of its own prefix, no write int
 
 from hypothesis import strategies as st
 
-from llm_inference_harness.contracts.block_manager import open_manager
+from llm_inference_harness.contracts.block_manager import SEQ_QUERIES, open_manager, prefetch, run_calls
 from llm_inference_harness.strategies.block_manager import prompts
 from llm_inference_harness.strategies.block_manager_shadow import RecordingStorage
 
@@ -35,6 +35,8 @@ class BlockManagerChecks:
             assert tuple(kept) == handed, (f"the token list {list(handed)} handed to allocate/lookup_prefix "
                                            f"became {kept}: the manager kept the caller's list and changed it")
         n = self.g.num_blocks
+        prefetch(self.m, [(q, (sid,)) for sid in self.shadow for q in SEQ_QUERIES] + [("ref_count", (b,)) for b in
+                 range(n)] + [("num_free_blocks", ()), ("num_free_cpu_blocks", ())])  # one message, in its process
         entries = [0] * n
         tables = {sid: self.table(sid) for sid in self.shadow}
         for sid, tokens in self.shadow.items():
@@ -58,6 +60,7 @@ class BlockManagerChecks:
 
     def check_data(self) -> None:
         assert not self.storage.violations, self.storage.violations[0]
+        prefetch(self.m, [(q, (sid,)) for sid in self.shadow for q in ("is_swapped", "block_table")])
         for sid, tokens in self.shadow.items():
             pool = self.storage.cpu if self.m.is_swapped(sid) else self.storage.gpu
             table, want = self.m.block_table(sid), self.kv_ids(sid)
@@ -69,7 +72,9 @@ class BlockManagerChecks:
 
     def note_evictions(self) -> None:
         """Full blocks overwritten since the last step whose prefix is no longer found: evicted (for events)."""
-        for node in self.storage.overwritten - self.evicted:
+        candidates = sorted(self.storage.overwritten - self.evicted)
+        prefetch(self.m, [("lookup_prefix", (self.prefixes.tokens(node),)) for node in candidates])
+        for node in candidates:
             tokens = self.prefixes.tokens(node)
             if self.m.lookup_prefix(tokens) < len(tokens):
                 self.evicted.add(node)
@@ -78,27 +83,41 @@ class BlockManagerChecks:
 
     def replay(self) -> None:
         """The accepted calls on a fresh manager, none of the calls that raised: the same results and storage
-        calls, or a call that raised (or a query) changed hidden state (the contract's determinism)."""
-        storage = RecordingStorage()
-        twin = open_manager(self.impl, self.g.num_blocks, self.B, storage, num_cpu_blocks=self.g.num_cpu_blocks,
-                            timed=False)
-        for k, (method, args, out, made) in enumerate(self.accepted):
+        calls, or a call that raised (or a query) changed hidden state (the contract's determinism).  All at once
+        (`run_calls`: one message to a manager in the implementation's process), then, if they differ, one by one
+        on another fresh manager to name the first call that does."""
+        calls = [(method, tuple(list(a) if isinstance(a, list) else a for a in args))
+                 for method, args, _, _ in self.accepted]
+        twin, storage = self.fresh_twin()
+        got = [value for _, value in run_calls(twin, calls)]
+        if got == [out for _, _, out, _ in self.accepted] and storage.trace == [
+                c for *_, made in self.accepted for c in made]:
+            return
+        twin, storage = self.fresh_twin()
+        for k, ((method, args), (_, _, out, made)) in enumerate(zip(calls, self.accepted, strict=True)):
             start = len(storage.trace)
-            try:
-                got = getattr(twin, method)(*(list(a) if isinstance(a, list) else a for a in args))
-            except Exception as exc:  # noqa: BLE001 - reported as the divergence it is
-                got = f"{type(exc).__name__}: {exc}"
+            ((_, got),) = run_calls(twin, [(method, args)])
             again = tuple(storage.trace[start:])
             assert (got, again) == (out, made), (
                 f"the {k + 1}th accepted call {method}{args} returned {out!r} with storage calls {list(made)[:8]}; "
                 f"on a fresh manager given only the accepted calls it returned {got!r} with {list(again)[:8]}: "
                 f"a call that raised ({'; '.join(self.raised[-4:])}) or a query changed the manager")
+        raise AssertionError("the accepted calls replayed on a fresh manager differ all at once, not one by one: "
+                             "the manager is not deterministic (the same calls made other storage calls or returned "
+                             "other values)")
+
+    def fresh_twin(self) -> tuple:
+        """A fresh manager for the replay, and its storage, which records every call."""
+        storage = RecordingStorage()
+        return open_manager(self.impl, self.g.num_blocks, self.B, storage, num_cpu_blocks=self.g.num_cpu_blocks,
+                            timed=False), storage
 
     def pool_whole_at_end(self) -> None:
         if self.raised:
             self.replay()
-        for sid in list(self.shadow):
-            self.m.free(sid)
+        freed = zip(self.shadow, run_calls(self.m, [("free", (sid,)) for sid in self.shadow]), strict=True)
+        raised = [(sid, what) for sid, (returned, what) in freed if not returned]
+        assert not raised, f"free({raised[0][0]}) of a live sequence at the end raised {raised[0][1]}"
         n = self.g.num_blocks
         assert self.m.num_free_blocks() == n, f"after freeing everything {self.m.num_free_blocks()} of {n} free"
         assert all(self.m.ref_count(b) == 0 for b in range(n)), "after freeing everything a count is not 0"

@@ -13,7 +13,7 @@ import functools
 from hypothesis import event
 from hypothesis.control import currently_in_test_context
 
-from llm_inference_harness.contracts.block_manager import OutOfBlocks, guarded_batch, open_manager
+from llm_inference_harness.contracts.block_manager import OutOfBlocks, expect, guarded_batch, open_manager, prefetch
 from llm_inference_harness.engine.guard import names_argument
 from llm_inference_harness.engine.registry import Impl
 from llm_inference_harness.strategies.block_manager import PoolGeometry
@@ -162,11 +162,15 @@ class BlockManagerSteps:
         the cache as lookups of the 8 latest distinct earlier prompts see it, the storage calls made so far.
         (The token counts and is_swapped follow the shadow, which such a call leaves alone: the invariants
         check those after the step; the replay at teardown, what the calls after it do.)"""
+        earlier = self.earlier()[-8:]
+        prefetch(self.m, [("block_table", (s,)) for s in self.shadow] + [("ref_count", (b,)) for b in range(
+            self.g.num_blocks)] + [("num_free_blocks", ()), ("num_free_cpu_blocks", ())] + [
+            ("lookup_prefix", (list(p),)) for p in earlier])  # one message, in the implementation's process
         return {
             "block tables": {s: list(self.m.block_table(s)) for s in sorted(self.shadow)},
             "reference counts": [self.m.ref_count(b) for b in range(self.g.num_blocks)],
             "free blocks (GPU, CPU)": (self.m.num_free_blocks(), self.m.num_free_cpu_blocks()),
-            "lookup_prefix of earlier prompts": {p: self.m.lookup_prefix(list(p)) for p in self.earlier()[-8:]},
+            "lookup_prefix of earlier prompts": {p: self.m.lookup_prefix(list(p)) for p in earlier},
             "storage calls": len(self.storage.trace),
         }
 
@@ -194,6 +198,7 @@ class BlockManagerSteps:
         trap = self.other_history_cached(tokens, promised)
         self.shadow[sid] = list(tokens)
         self.kv.pop(sid, None)
+        self.expect_filled(tokens)
         try:
             cached = self.call("allocate", sid, self.hand(tokens))
         except OutOfBlocks:
@@ -265,6 +270,8 @@ class BlockManagerSteps:
             free, copies = self.m.num_free_blocks(), len(self.storage.trace)
             before = self.observed_if(need and free == 0)
             self.shadow[sid].append(token)
+            if len(self.shadow[sid]) % self.B == 0:
+                self.expect_filled(self.shadow[sid])
             try:
                 self.call("append", sid, token)
             except OutOfBlocks:
@@ -286,6 +293,14 @@ class BlockManagerSteps:
             if "bookkeeping" in self.checks and len(self.shadow[sid]) % self.B == 0:
                 self.filled_blocks_cached(sid, f"the append to sequence {sid} that filled its block "
                                                f"{len(self.shadow[sid]) // self.B - 1}")
+
+    def expect_filled(self, tokens) -> None:
+        """The lookups `filled_blocks_cached` makes after the call that leaves a sequence holding ``tokens``, brought
+        back with that call's reply by a manager in the implementation's process."""
+        full = len(tokens) // self.B * self.B
+        if full and "bookkeeping" in self.checks:
+            expect(self.m, [("lookup_prefix", (list(tokens[:full - self.B]),))] * (full > self.B) +
+                   [("lookup_prefix", (list(tokens),))])
 
     def filled_blocks_cached(self, sid, what) -> None:
         """A block enters the prefix cache when it fills (the contract): once the blocks before the last full one

@@ -242,6 +242,11 @@ class PluginProcess:
             elif single:
                 groups.append((method, "each", [args[0]]))
                 sizes.append(1)
+            elif not (kwargs and kwargs[0]) and all(type(a) in wire.PLAIN_ATOMS or type(a) is list and all(
+                    type(v) in wire.PLAIN_ATOMS for v in a) for a in args):  # a lookup's tokens: encoded in one pass
+                groups.append((method, "call", ("t", tuple(("L", a) if type(a) is list else a for a in args)),
+                               ("d", [])))
+                sizes.append(1)
             else:
                 groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(*kwargs))))
                 sizes.append(1)
@@ -265,9 +270,9 @@ class PluginProcess:
         form, payload = entry
         if form == "atoms":
             values = wire._seq(payload, list)
-            if not all(wire.atom_or_atoms(v) for v in values):
+            if not all(map(wire.atom_or_atoms, values)):
                 raise wire.Malformed("a list of atoms holds something else")
-            return [Reply("ok", value=v) for v in values]
+            return [Reply("ok", v) for v in values]
         if form == "violation":
             return [Reply("violation", payload=str(payload)[:4000])]
         return [self._one(e) for e in wire._seq(payload, list)]

@@ -229,12 +229,18 @@ class Server:
                         wire.encode_exception(value)
                     out.append(("each", [(kind, payload)]))
                     continue
-                answers = [one(call, (self.decoder.decode(a),), {}) for a in rest[0]]
-                if all(k == "ok" and wire.atom_or_atoms(v) for k, v in answers):
-                    out.append(("atoms", [v for _, v in answers]))
+                answers, raised = [], False
+                for a in rest[0]:  # an int or a str each (`PluginProcess.post_many`): ~10^5 a machine program
+                    try:
+                        answers.append(call(a if type(a) in (int, str) else self.decoder.decode(a)))
+                    except Exception as exc:  # noqa: BLE001 - each call's own answer
+                        answers.append(_Raised(exc))
+                        raised = True
+                if not raised and all(map(wire.atom_or_atoms, answers)):
+                    out.append(("atoms", answers))
                 else:
-                    out.append(("each", [(k, encode(v) if k == "ok" else wire.encode_exception(v))
-                                         for k, v in answers]))
+                    out.append(("each", [("raised", wire.encode_exception(v.exc)) if type(v) is _Raised else
+                                         ("ok", encode(v)) for v in answers]))
             return out
 
         try:
@@ -316,6 +322,15 @@ class Server:
 
     def send(self, tree: Any) -> None:
         self.conn.send_bytes(wire.dumps(tree))
+
+
+class _Raised:
+    """What one call of a batch raised (a query may return an exception object: that is its answer)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
 
 
 @contextlib.contextmanager
