@@ -154,3 +154,59 @@ def test_a_round_cut_short_by_an_error_is_dropped_whole():
     run.pair(FakeWorker(0.01), FakeWorker(0.01, fail_at=3), 0)
     r = run.result()
     assert r.verdict == "error" and r.why == "boom" and len(r.a) == len(r.b) == len(r.pairs) == 2
+
+
+def test_a_case_settles_when_its_interval_lies_within_the_floor():
+    assert compare.settled(paired(1.0, pair_sd=0.005, noise=0.01, pairs=8, per_pair=10, seed=1))
+    assert not compare.settled(paired(1.05, pair_sd=0.005, noise=0.01, pairs=8, per_pair=10, seed=1))
+    assert not compare.settled(paired(1.0, pair_sd=0.03, noise=0.03, pairs=8, per_pair=10, seed=1))  # too wide yet
+
+
+class NoisyWorker(FakeWorker):
+    """Samples of ``value`` seconds (this process's layout) times per-sample log-normal ``noise``."""
+
+    def __init__(self, value: float, noise: float, g) -> None:
+        super().__init__(value)
+        self.noise, self.g = noise, g
+
+    def ask(self, op: str, **request) -> dict:
+        if op == "sample":
+            v = self.value * math.exp(self.noise * self.g.standard_normal())
+            return {"cpu": v, "value": v}
+        return super().ask(op, **request)
+
+    def close(self) -> None:
+        pass
+
+
+class ShiftedWorkers:
+    """Starts workers of ``base`` seconds, each with a layout offset of its own (log-normal ``pair_sd``)."""
+
+    def __init__(self, base: float, pair_sd: float, noise: float, seed: int) -> None:
+        self.base, self.pair_sd, self.noise, self.g, self.started = base, pair_sd, noise, np.random.default_rng(seed), 0
+
+    def __call__(self) -> NoisyWorker:
+        self.started += 1
+        return NoisyWorker(self.base * math.exp(self.pair_sd * self.g.standard_normal()), self.noise, self.g)
+
+
+@pytest.mark.parametrize("ratio, pairs_measured, verdict", [(1.0, 8, "same"), (1.05, compare.PAIRS, "slower")])
+def test_a_comparison_stops_early_only_when_every_case_is_settled(ratio, pairs_measured, verdict):
+    """Code that changed nothing, measured quietly, stops after FIRST_LOOK pairs; a 5% slowdown is measured on
+    every pair (stopping can only call a case same: it adds no false alarm)."""
+    start_a, start_b = ShiftedWorkers(0.01, 0.003, 0.005, seed=0), ShiftedWorkers(0.01 * ratio, 0.003, 0.005, seed=1)
+    case = ("bench_x.C.time_f", ())
+    (r,) = compare.measure(start_a, start_b, [(case, case)], progress=lambda _: None)
+    assert len(set(r.pairs)) == pairs_measured and r.verdict == verdict
+    assert start_a.started == min(pairs_measured + 1, compare.PAIRS)  # the next pair was started while one measured
+
+
+def test_stopping_when_settled_keeps_the_verdicts_at_five_percent():
+    """The design with looks from FIRST_LOOK pairs on calls +5% slower exactly as often as the one that always
+    measures every pair, on the same synthetic comparisons (pair offsets 2%, round noise 3%)."""
+    from llm_inference_harness.bench.design import judged, synthetic
+
+    g = np.random.default_rng(0)
+    for _ in range(60):
+        r = synthetic(0.05, compare.PAIRS, compare.ROUNDS, 0.02, 0.03, g)
+        assert judged(r, compare.MIN_EFFECT, compare.FIRST_LOOK)[0] == judged(r, compare.MIN_EFFECT, compare.PAIRS)[0]

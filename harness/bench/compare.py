@@ -34,6 +34,7 @@ raised by 5, 10, 20% (and 0%: a copy that changes nothing but a comment) are com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -56,6 +57,7 @@ ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, 
 WORKER = Path(__file__).with_name("benchworker.py")
 ROUNDS = 160
 PAIRS = 16  # chosen by simulation to see 5% at >= 95% power (docs/benchmarks.md); 8 is the fewest that can exclude 1
+FIRST_LOOK = 8  # pairs after which a comparison stops if every case's interval already lies within the floor
 MIN_ROUNDS = 10  # a case's fewest rounds, over all its pairs, however slow a round is
 BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
 CONFIDENCE = 0.99
@@ -123,10 +125,8 @@ def judge(r: Result, higher_is_better: bool | None = None, min_effect: float = M
         r.verdict, r.ratio = "unmeasurable", float(np.median(b) / np.median(a)) if len(a) and np.median(a) else math.nan
         r.why = r.why or f"{len(a)} rounds of positive values needed for a ratio"
         return r
-    d = np.log(b / a)
+    d = _log_ratios(r)
     if len(set(r.pairs)) > 1:
-        pair = np.asarray(r.pairs)
-        d = np.array([np.median(d[pair == p]) for p in sorted(set(r.pairs))])  # (pairs,)
         r.pair_logs = [float(x) for x in d]
     centre, low, high = signed_rank_interval(d)
     r.ratio, r.low, r.high = math.exp(centre), math.exp(low), math.exp(high)
@@ -145,6 +145,32 @@ def judge(r: Result, higher_is_better: bool | None = None, min_effect: float = M
     else:
         r.verdict = "better" if up == higher_is_better else "worse"
     return r
+
+
+def _log_ratios(r: Result):
+    """What the interval is over: each pair's median log ratio B / A where the rounds came from several worker
+    pairs, else each round's."""
+    import numpy as np
+
+    d = np.log(np.asarray(r.b, dtype=float) / np.asarray(r.a, dtype=float))
+    if len(set(r.pairs)) <= 1:
+        return d
+    pair = np.asarray(r.pairs)
+    return np.array([np.median(d[pair == p]) for p in sorted(set(r.pairs))])  # (pairs,)
+
+
+def settled(r: Result, min_effect: float = MIN_EFFECT) -> bool:
+    """Whether the case's CONFIDENCE interval over the pairs measured so far lies within ``min_effect`` of 1: no
+    change the verdict could call (one at least ``min_effect`` from 1) is left in it, so the comparison may stop
+    and call it same.  Stopping for futility, as group sequential trials do: it can only end a case as same, so
+    it adds no false alarm; it costs power where a real change of ``min_effect`` or more lies outside the interval,
+    at most (1 - CONFIDENCE) / 2 of the time (docs/benchmarks.md has the simulation)."""
+    import numpy as np
+
+    if len(r.a) < 6 or min(r.a + r.b) <= 0:
+        return False
+    _, low, high = signed_rank_interval(_log_ratios(r))
+    return bool(np.exp(low) > 1 / (1 + min_effect) and np.exp(high) < 1 + min_effect)
 
 
 # ------------------------------------------------------------------------------------------ environments
@@ -316,17 +342,25 @@ def worker_pairs(start_a, start_b, pairs: int = PAIRS):
             worker.close()
 
 
-def measure(start_a, start_b, matched, *, pairs: int = PAIRS, progress=print, **how) -> list[Result]:
+def measure(start_a, start_b, matched, *, pairs: int = PAIRS, first_look: int = FIRST_LOOK, progress=print,
+            **how) -> list[Result]:
     """Each (case_a, case_b) of ``matched`` (or of ``matched(a, b)``, asked of the first pair's workers) over
-    ``pairs`` pairs of workers from start_a() and start_b(), every case in every pair: one Result each, B / A."""
+    ``pairs`` pairs of workers from start_a() and start_b(), every case in every pair: one Result each, B / A.
+    From the ``first_look``-th pair on, the comparison stops once every case is `settled` (or cannot be measured):
+    on a quiet machine, most comparisons of code that changed nothing cost half of theirs."""
     runs, started = None, time.perf_counter()
-    for p, a, b in worker_pairs(start_a, start_b, pairs):
-        if runs is None:
-            runs = [Rounds(*case, pairs=pairs, **how) for case in (matched(a, b) if callable(matched) else matched)]
-        for run in runs:
-            run.pair(a, b, p)
-        if pairs > 1:
-            progress(f"pair {p + 1}/{pairs}: {len(runs)} cases, {time.perf_counter() - started:.0f} s so far")
+    with contextlib.closing(worker_pairs(start_a, start_b, pairs)) as each_pair:
+        for p, a, b in each_pair:
+            if runs is None:
+                runs = [Rounds(*case, pairs=pairs, **how) for case in (matched(a, b) if callable(matched) else matched)]
+            for run in runs:
+                run.pair(a, b, p)
+            if pairs > 1:
+                progress(f"pair {p + 1}/{pairs}: {len(runs)} cases, {time.perf_counter() - started:.0f} s so far")
+            if p + 1 >= first_look and all(run.problem is not None or settled(run.r) for run in runs):
+                if p + 1 < pairs:
+                    progress(f"every case settled after {p + 1} pairs: within {MIN_EFFECT:.1%} of 1")
+                break
     return [run.result() for run in runs or []]
 
 
@@ -433,8 +467,8 @@ def power(fractions: list[float], comparisons: int, *, rounds: int = ROUNDS, pai
     scratch, base, made = copies(fractions, at=at)
     for commit in [base, *made.values()]:
         prepare(commit, scratch)
-    design = {"commit": base, "rounds": rounds, "pairs": pairs, "confidence": CONFIDENCE, "min_effect": MIN_EFFECT,
-              "noisy": NOISY, "measured_by": provenance.commit()}
+    design = {"commit": base, "rounds": rounds, "pairs": pairs, "first_look": FIRST_LOOK, "confidence": CONFIDENCE,
+              "min_effect": MIN_EFFECT, "noisy": NOISY, "measured_by": provenance.commit()}
     before = json.loads(out.read_text()) if out and out.is_file() else {}
     kept = before.get("fractions", {}) if before.get("design") == design else {}
     tally = {f: kept.get(str(f)) or {"slower": 0, "faster": 0, "n": 0, "verdicts": [], "ratios": [], "intervals": [],

@@ -22,8 +22,10 @@ from pathlib import Path
 
 from llm_inference_harness.bench import compare
 
-NOISE = [(0.02, 0.03), (0.03, 0.03), (0.03, 0.05)]  # (pair_sd, round_sd)
-DESIGNS = [(10, 40, 0.05), (10, 40, 0.025), (compare.PAIRS, compare.ROUNDS, compare.MIN_EFFECT)]  # pairs, rounds, floor
+NOISE = [(0.01, 0.02), (0.02, 0.03), (0.03, 0.03), (0.03, 0.05)]  # (pair_sd, round_sd)
+# pairs, rounds, floor, the pairs after which a comparison whose interval lies within the floor stops (`compare.settled`)
+DESIGNS = [(10, 40, 0.05, 10), (10, 40, 0.025, 10), (compare.PAIRS, compare.ROUNDS, compare.MIN_EFFECT, compare.PAIRS),
+           (compare.PAIRS, compare.ROUNDS, compare.MIN_EFFECT, compare.FIRST_LOOK)]
 
 
 def synthetic(change: float, pairs: int, rounds: int, pair_sd: float, round_sd: float, rng) -> compare.Result:
@@ -39,17 +41,35 @@ def synthetic(change: float, pairs: int, rounds: int, pair_sd: float, round_sd: 
     return compare.Result("bench_x.C.time_f", (), a=list(a), b=list(b), pairs=list(pair_of))
 
 
-def rates(pairs: int, rounds: int, floor: float, pair_sd: float, round_sd: float, n: int, seed: int) -> dict:
-    """{change: share of n synthetic comparisons called slower (or, at 0, slower or faster)} under one design."""
+def rates(pairs: int, rounds: int, floor: float, first_look: int, pair_sd: float, round_sd: float, n: int,
+          seed: int) -> dict:
+    """{change: share of n synthetic comparisons called slower (or, at 0, slower or faster), "pairs": the mean
+    pairs a comparison of 0% measured} under one design."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    out = {}
+    out, used = {}, []
     for change in (0.05, 0.10, 0.0):
         alarm = ("slower",) if change else ("slower", "faster")
-        out[change] = sum(compare.judge(synthetic(change, pairs, rounds, pair_sd, round_sd, rng),
-                                        min_effect=floor).verdict in alarm for _ in range(n)) / n
+        called = 0
+        for _ in range(n):
+            verdict, measured = judged(synthetic(change, pairs, rounds, pair_sd, round_sd, rng), floor, first_look)
+            called += verdict in alarm
+            used += [measured] if change == 0 else []
+        out[change] = called / n
+    out["pairs"] = float(np.mean(used))
     return out
+
+
+def judged(r: compare.Result, floor: float, first_look: int) -> tuple[str, int]:
+    """(verdict, pairs measured) as `compare.measure` reaches it: from the ``first_look``-th pair on, stopping as
+    same after the first pair that settles it, else judged on all of them."""
+    pairs = len(set(r.pairs))
+    for p in range(first_look, pairs):
+        k = r.pairs.index(p)  # the rounds of the first p pairs
+        if compare.settled(compare.Result(r.name, r.params, a=r.a[:k], b=r.b[:k], pairs=r.pairs[:k]), floor):
+            return "same", p
+    return compare.judge(r, min_effect=floor).verdict, pairs
 
 
 def resampled(tally: dict, n: int, seed: int = 0) -> dict[str, tuple[float, int, int]]:
@@ -84,12 +104,13 @@ def main() -> int:
             print(f"+{float(fraction):.0%}: {share:.2%} of {args.comparisons} comparisons drawn from the {pairs} pairs "
                   f"of {comparisons} measured comparisons called {'changed' if float(fraction) == 0 else 'slower'}")
         return 0
-    print("pair sd  round sd  pairs x rounds  floor   +5% slower  +10% slower  0% false alarms")
+    print("pair sd  round sd  pairs x rounds  floor  first look  +5% slower  +10% slower  0% false alarms  "
+          "0%: pairs measured")
     for pair_sd, round_sd in NOISE:
-        for pairs, rounds, floor in DESIGNS:
-            r = rates(pairs, rounds, floor, pair_sd, round_sd, args.comparisons, seed=0)
-            print(f"{pair_sd:7.2f}  {round_sd:8.2f}  {pairs:5d} x {rounds // pairs:<6d} {floor:5.3f}  {r[0.05]:10.1%}  "
-                  f"{r[0.10]:11.1%}  {r[0.0]:15.2%}", flush=True)
+        for pairs, rounds, floor, first_look in DESIGNS:
+            r = rates(pairs, rounds, floor, first_look, pair_sd, round_sd, args.comparisons, seed=0)
+            print(f"{pair_sd:7.2f}  {round_sd:8.2f}  {pairs:5d} x {rounds // pairs:<6d} {floor:5.3f}  {first_look:10d}  "
+                  f"{r[0.05]:10.1%}  {r[0.10]:11.1%}  {r[0.0]:15.2%}  {r['pairs']:18.1f}", flush=True)
     return 0
 
 
