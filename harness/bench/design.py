@@ -23,7 +23,7 @@ from pathlib import Path
 from llm_inference_harness.bench import compare
 
 NOISE = [(0.01, 0.02), (0.02, 0.03), (0.03, 0.03), (0.03, 0.05)]  # (pair_sd, round_sd)
-# pairs, rounds, floor, the pairs after which a comparison whose interval lies within the floor stops (`compare.settled`)
+# pairs, rounds, floor, and the pairs from which a comparison whose interval lies within the floor stops (`settled`)
 DESIGNS = [(10, 40, 0.05, 10), (10, 40, 0.025, 10), (compare.PAIRS, compare.ROUNDS, compare.MIN_EFFECT, compare.PAIRS),
            (compare.PAIRS, compare.ROUNDS, compare.MIN_EFFECT, compare.FIRST_LOOK)]
 
@@ -109,8 +109,8 @@ def main() -> int:
     for pair_sd, round_sd in NOISE:
         for pairs, rounds, floor, first_look in DESIGNS:
             r = rates(pairs, rounds, floor, first_look, pair_sd, round_sd, args.comparisons, seed=0)
-            print(f"{pair_sd:7.2f}  {round_sd:8.2f}  {pairs:5d} x {rounds // pairs:<6d} {floor:5.3f}  {first_look:10d}  "
-                  f"{r[0.05]:10.1%}  {r[0.10]:11.1%}  {r[0.0]:15.2%}  {r['pairs']:18.1f}", flush=True)
+            print(f"{pair_sd:7.2f}  {round_sd:8.2f}  {pairs:5d} x {rounds // pairs:<6d} {floor:5.3f}  "
+                  f"{first_look:10d}  {r[0.05]:10.1%}  {r[0.10]:11.1%}  {r[0.0]:15.2%}  {r['pairs']:18.1f}", flush=True)
     return 0
 
 
