@@ -10,6 +10,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
+from llm_inference_harness.contracts.attention import MEMORY_BUDGET, score_dtype
 from llm_inference_harness.engine.tolerance import dtype_of
 from llm_inference_harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
 
@@ -238,3 +239,11 @@ EMPTY_SHAPES = {  # (q, k/v shape): an empty batch or head group, a prefill chun
     "Nk=0": ((1, 2, 4, 8), (1, 2, 0, 8)),
 }
 BAD_CAUSAL = ("no", 0.5, None)  # causal values that must raise: a string, a float, None
+
+
+def just_past_budget(dtype: torch.dtype, multiple: int = 1) -> int:
+    """The fewest tokens n (a multiple of ``multiple``) whose one (n, n) score matrix, in the contract's score dtype
+    for inputs of ``dtype``, is past MEMORY_BUDGET: every implementation that materializes the scores must refuse
+    it, and one that counts them short (a block size or a copy short) does not."""
+    size = torch.empty((), dtype=score_dtype(dtype)).element_size()
+    return multiple * (int((MEMORY_BUDGET / size) ** 0.5) // multiple + 1)
