@@ -469,9 +469,10 @@ def planned(path: Path, all_subjects: list[Subject]) -> list[Mutation]:
     for key in plan["mutations"]:
         mutation, name = key.rsplit("@", 1)
         file, op, k = mutation.rsplit(":", 2)
-        if file in by_path:
-            s = by_path[file]
-            chosen.append(Mutation(s, op, int(k), next(p for p in s.provides if p[1] == name)))
+        # a file providing several techniques (torchao_affine.py) is judged here only on those asked for
+        judged = next((p for p in by_path[file].provides if p[1] == name), None) if file in by_path else None
+        if judged:
+            chosen.append(Mutation(by_path[file], op, int(k), judged))
     return chosen
 
 
