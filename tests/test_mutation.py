@@ -92,3 +92,12 @@ def test_a_mutant_that_registers_nothing_judged_is_incompetent():
     crashed = [{"property": "law", "status": "FAIL", "message": "could not be loaded: ValueError: bad dtype"}]
     assert [M.outcome({"verdicts": v}) for v in (isolated, in_process, crashed)] == ["incompetent", "incompetent",
                                                                                       "killed"]
+
+
+def test_a_plan_judged_for_one_technique_keeps_that_techniques_units(tmp_path):
+    """--plan with a technique: a file that provides two techniques (torchao_affine.py) is judged only on the
+    implementations of the technique asked for; its other units are left to that technique's run."""
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"mutations": ["f.py:op:0@mine", "f.py:op:1@theirs", "g.py:op:0@other"]}')
+    chosen = M.planned(plan, [M.Subject("f.py", (("t", "mine"),))])
+    assert [(m.id, m.judged) for m in chosen] == [("f.py:op:0", ("t", "mine"))]
