@@ -35,6 +35,7 @@ from llm_inference_harness.strategies.attention import (
     EMPTY_SHAPES,
     AttentionCase,
     attention_cases,
+    just_past_budget,
     long_cases,
 )
 
@@ -82,8 +83,9 @@ def test_causal_alignment_is_the_declared_one(impl, data, more_keys):
 @given(data=st.data())
 def test_long_keys_and_wide_heads(impl, data):
     """Up to 8 queries against up to 1100 keys (past split-K's 512-key partitions and 128-key tiles) and head
-    dims up to 256: the float64 reference within the earned tolerance, as everywhere."""
-    case = data.draw(long_cases(dtypes=impl.dtypes, devices=available(impl.devices)), label="case")
+    dims up to 256, some past 4096 keys with rows whose logits climb along the keys next to rows whose do not: the
+    float64 reference within the earned tolerance, as everywhere."""
+    case = data.draw(long_cases(dtypes=impl.dtypes, devices=available(impl.devices), climbing=True), label="case")
     q, k, v = case.tensors()
     out = call(impl, q, k, v, causal=case.causal, scale=case.scale)
     truth, plain = truth_and_plain(case, q, k, v, impl)
@@ -228,7 +230,7 @@ def test_empty_shapes_give_empty_output(impl):
         assert not bool(out.any()), f"{impl.name} on {name} (causal={causal}): nonzero output with no key to see"
 
 
-PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, past MEMORY_BUDGET
+PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, far past MEMORY_BUDGET
 HEADROOM = 2 * MEMORY_BUDGET  # address space a refusing call may still map; an attempt at 14 GB fails at once
 BAD_INPUTS = {
     "heads not divisible": ((1, 3, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),
@@ -244,7 +246,8 @@ def test_rejects_bad_input(impl):
     """Shapes that break the contract raise ValueError/TypeError naming the argument, never a silent answer; so do
     inputs on two devices (a meta k with a CPU q: some kernels return a tensor of the wrong device instead), and,
     from an implementation that materializes the (Nq, Nk) scores (not tiled), a 60,000-token prompt whose 14 GB
-    of scores are past the contract's memory budget -- before allocating them (the address space is capped)."""
+    of scores are past the contract's memory budget, and one just past it -- before allocating them (the address
+    space is capped)."""
     dtype = dtype_of(impl.dtypes[0])
     for name in sorted(BAD_INPUTS):
         q, k, v = (torch.randn(*shape, dtype=dtype) for shape in BAD_INPUTS[name])
@@ -256,8 +259,9 @@ def test_rejects_bad_input(impl):
         args = {"q": q, "k": q.clone(), "v": q.clone()} | {name: q.to("meta")}
         assert_rejected(impl, f"{name} on the meta device", *args.values(), causal=False, scale=None, names=(name,),
                         arg_names=("q", "k", "v"))
-    if not impl.caps.tiled:
-        long = torch.zeros(1, 1, PAST_BUDGET_TOKENS, 1, dtype=dtype)
+    # far past the budget, and just past it: a refusal that counts the scores short refuses only the first
+    for n in (PAST_BUDGET_TOKENS, just_past_budget(dtype)) if not impl.caps.tiled else ():
+        long = torch.zeros(1, 1, n, 1, dtype=dtype)
         with address_space_headroom(HEADROOM):
-            assert_rejected(impl, f"{PAST_BUDGET_TOKENS} tokens past the memory budget", long, long, long,
+            assert_rejected(impl, f"{n} tokens past the memory budget", long, long, long,
                             causal=False, scale=None, names=("Nq", "Nk"), arg_names=("q", "k", "v"))

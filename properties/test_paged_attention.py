@@ -19,7 +19,7 @@ from llm_inference_harness.engine.guard import ContractViolation, assert_rejecte
 from llm_inference_harness.engine.memory import address_space_headroom
 from llm_inference_harness.engine.tolerance import assert_earned, dtype_of
 from llm_inference_harness.references.attention import attention64, attention_plain, large_logit_yardstick
-from llm_inference_harness.strategies.attention import BAD_CAUSAL
+from llm_inference_harness.strategies.attention import BAD_CAUSAL, just_past_budget
 from llm_inference_harness.strategies.paged_attention import paged_attention_blind_row_cases, paged_attention_cases
 
 TECHNIQUE = "paged_attention"
@@ -100,7 +100,7 @@ def test_empty_shapes_give_empty_output(impl):
 
 
 NAMES = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
-PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, past MEMORY_BUDGET
+PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, far past MEMORY_BUDGET
 BAD_INPUTS = {
     "block table entry past the pool": ("block_tables", lambda t, s: (t + 1000, s)),
     "sequence longer than its table": ("seq_lens", lambda t, s: (t, s + 10_000)),
@@ -127,7 +127,8 @@ def test_rejects_bad_input(impl):
     """Tables and lengths that break the contract raise ValueError/TypeError naming the argument; so do caches
     of block_size 0 (naming k_cache, not the seq_lens that then look too long), any argument on another device
     than q (meta here), and, from an implementation that materializes a sequence's (Nq, Nk) scores (not tiled),
-    a 60,000-token prefill past the memory budget, refused before allocating (address space capped)."""
+    a 60,000-token prefill past the memory budget and one just past it, refused before allocating (address space
+    capped)."""
     q = torch.randn(2, 2, 1, 8, dtype=dtype_of(impl.dtypes[0]))
     k_cache, v_cache = torch.randn(2, 4, 2, 4, 8, dtype=q.dtype).unbind(0)  # (num_blocks=4, Hkv=2, bs=4, d=8)
     tables, seq_lens = torch.tensor([[0, 1], [2, 3]]), torch.tensor([5, 8])
@@ -143,8 +144,9 @@ def test_rejects_bad_input(impl):
         moved = good | {name: good[name].to("meta")}
         assert_rejected(impl, f"{name} on the meta device", *moved.values(), causal=False, scale=None,
                         names=(name,))
-    if not impl.caps.tiled:
-        n, bs = PAST_BUDGET_TOKENS, 16
+    # far past the budget, and just past it: a refusal that counts the scores short refuses only the first
+    for n in (PAST_BUDGET_TOKENS, just_past_budget(q.dtype, multiple=16)) if not impl.caps.tiled else ():
+        bs = 16
         long_q, cache = torch.zeros(1, 1, n, 1, dtype=q.dtype), torch.zeros(n // bs, 1, bs, 1, dtype=q.dtype)
         with address_space_headroom(2 * MEMORY_BUDGET):
             assert_rejected(impl, f"a {n}-token prefill past the memory budget", long_q, cache, cache,

@@ -222,12 +222,16 @@ def test_outliers_follow_each_batch(impl, data):
 
 @given(data=st.data())
 def test_all_zero_tokens_give_zeros(impl, data):
-    """All-zero tokens (padding) give exactly zero outputs, never NaN (`call` rejects non-finite outputs)."""
+    """All-zero tokens (padding) give exactly zero outputs, never NaN (`call` rejects non-finite outputs); so do
+    all-zero weight rows (pruned output channels, whose scale is 0), in every token's output."""
     case = draw_case(data, impl, zero_tokens=True)
     x, w, calib = case.tensors()
     out = call(impl, x, w, bits=case.bits, calib=calib)
     rows = out[: case.zero_tokens]
     assert bool((rows == 0).all()), f"{impl.name}: zero tokens gave outputs up to {rows.abs().max().item():.3g}"
+    columns = out[:, : case.zero_channels]
+    assert bool((columns == 0).all()), (f"{impl.name}: {case.zero_channels} all-zero weight rows gave outputs up to "
+                                        f"{columns.abs().max().item():.3g}")
 
 
 BAD_INPUTS = {  # name -> (x, w, bits, argument the message must name)

@@ -80,3 +80,24 @@ def test_triage_scores_and_weak_kills():
     weak = {kind: [m["operator"] for m in rows] for kind, rows in M.kill_quality(summary["mutants"].values()).items()}
     assert weak == {"bad input only": ["b"], "crash or hang only": ["c"], "one property": ["d"]}
     assert "| t | 6 | 4 | 1 | 1 | 80.0% |" in M.report(summary, title="t")
+
+
+def test_a_mutant_that_registers_nothing_judged_is_incompetent():
+    """A mutated text that no longer registers the implementation judged (its name changed) is no evidence either way,
+    however the judge reports it: isolated, the plugin's load fails and every property fails with it."""
+    lost = "LookupError: the mutated f.py registers no t implementation 'i' (it registers ['j'])"
+    isolated = [{"property": "law", "status": "FAIL", "message": f"could not be loaded: {lost} (u0/plugin.py, line 3)"},
+                {"property": "other_law", "status": "FAIL", "message": "not run: the plugin could not be loaded"}]
+    in_process = [{"property": "law", "status": "FAIL", "message": f"error: the checking process failed: {lost}"}]
+    crashed = [{"property": "law", "status": "FAIL", "message": "could not be loaded: ValueError: bad dtype"}]
+    assert [M.outcome({"verdicts": v}) for v in (isolated, in_process, crashed)] == ["incompetent", "incompetent",
+                                                                                      "killed"]
+
+
+def test_a_plan_judged_for_one_technique_keeps_that_techniques_units(tmp_path):
+    """--plan with a technique: a file that provides two techniques (torchao_affine.py) is judged only on the
+    implementations of the technique asked for; its other units are left to that technique's run."""
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"mutations": ["f.py:op:0@mine", "f.py:op:1@theirs", "g.py:op:0@other"]}')
+    chosen = M.planned(plan, [M.Subject("f.py", (("t", "mine"),))])
+    assert [(m.id, m.judged) for m in chosen] == [("f.py:op:0", ("t", "mine"))]

@@ -193,7 +193,9 @@ def open_manager(impl: Impl, num_blocks: int, block_size: int, storage: Any, *, 
     each call guarded (per-call limit, global state left alone); a caller making many cheap calls passes False
     and guards its batches with `guarded_batch` (the serving simulator, which times the scheduler, does neither)."""
     try:
-        manager = impl.fn(num_blocks, block_size, storage, num_cpu_blocks=num_cpu_blocks)
+        # no CPU pool: the contract's default, left out, so that a factory whose default is not 0 is caught
+        cpu = {"num_cpu_blocks": num_cpu_blocks} if num_cpu_blocks else {}
+        manager = impl.fn(num_blocks, block_size, storage, **cpu)
     except Exception as exc:
         raise ContractViolation(f"{impl.name}: the factory raised {type(exc).__name__}: {exc}") from exc
     missing = [m for m in METHODS if not callable(getattr(manager, m, None))]

@@ -77,7 +77,8 @@ QUANTIZED_LINEAR = define(
             Rule("outliers", "LLM.int8(): input columns past the declared threshold, compared as declared, stay in "
                              "floating point",
                  ("outlier_columns_exact", "outlier_threshold_comparison", "outliers_follow_each_batch")),
-            Rule("zeros", "all-zero tokens give exactly zero outputs, and x with no tokens an empty (..., out) output",
+            Rule("zeros", "all-zero tokens give exactly zero outputs, all-zero weight rows (pruned output channels) "
+                          "exactly zero output columns, and x with no tokens an empty (..., out) output",
                  ("all_zero_tokens_give_zeros", "no_tokens_give_an_empty_output")),
             Rule("bad input", "bits, weights, activations, shapes and dtypes that break the contract raise "
                               "ValueError/TypeError naming the argument", ("rejects_bad_input",)),

@@ -39,9 +39,10 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_CHECK = re.compile(r"harness check (\w+) --plugin docs/examples/(\w+\.py):(\w+)")
 ORIGINAL = "original"  # the operator name of a subject's unmutated text, judged first (its baseline)
 # A mutated text that is no valid Python, or that no longer registers the implementation judged (a tile size of its
-# name changed): neither killed nor survived -- no property judged it.
-INVALID = tuple(f"error: the checking process failed: {e}" for e in ("SyntaxError", "IndentationError",
-                                                                      "LookupError: the mutated"))
+# name changed): neither killed nor survived -- no property judged it.  In-process (--trusted-in-process) the checking
+# process reports it; isolated, the plugin's load does (plugins.LoadFailure), and every property then fails with it.
+INVALID = tuple(f"{where}{e}" for where in ("error: the checking process failed: ", "could not be loaded: ")
+                for e in ("SyntaxError", "IndentationError", "LookupError: the mutated"))
 
 
 @dataclass(frozen=True)
@@ -468,9 +469,10 @@ def planned(path: Path, all_subjects: list[Subject]) -> list[Mutation]:
     for key in plan["mutations"]:
         mutation, name = key.rsplit("@", 1)
         file, op, k = mutation.rsplit(":", 2)
-        if file in by_path:
-            s = by_path[file]
-            chosen.append(Mutation(s, op, int(k), next(p for p in s.provides if p[1] == name)))
+        # a file providing several techniques (torchao_affine.py) is judged here only on those asked for
+        judged = next((p for p in by_path[file].provides if p[1] == name), None) if file in by_path else None
+        if judged:
+            chosen.append(Mutation(by_path[file], op, int(k), judged))
     return chosen
 
 

@@ -10,6 +10,7 @@ import torch
 from hypothesis import event
 from hypothesis import strategies as st
 
+from llm_inference_harness.contracts.attention import MEMORY_BUDGET, score_dtype
 from llm_inference_harness.engine.tolerance import dtype_of
 from llm_inference_harness.strategies.common import generator, head_counts, lengths, nonzero_scales, scales, seeds
 
@@ -50,17 +51,28 @@ class AttentionCase:
     device: str = "cpu"
     layouts: tuple[str, ...] = ()  # memory layout of each of ARGUMENTS (LAYOUTS); missing ones are contiguous
     offset: float = 0.0  # subtracted from every logit through one extra head dim (q: -offset/scale, k: 1, v: 0)
+    climb: float = 0.0  # added per key to the logits of even query rows (an extra head dim: q climb/scale, k j, v 0)
+
+    @property
+    def width(self) -> int:
+        """The head dim of the tensors: d, one more for an offset, one more for a climb."""
+        return self.d + bool(self.offset) + bool(self.climb)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, H, Nq, d), k and v (B, Hkv, Nk, d), each in its own layout; d + 1 dims with an offset."""
+        """q (B, H, Nq, width), k and v (B, Hkv, Nk, width), each in its own layout."""
         g = generator(self.seed)
         q = torch.randn(self.B, self.H, self.Nq, self.d, generator=g, dtype=torch.float64) * self.magnitude
         k = torch.randn(self.B, self.Hkv, self.Nk, self.d, generator=g, dtype=torch.float64)
         v = torch.randn(self.B, self.Hkv, self.Nk, self.d, generator=g, dtype=torch.float64)
+        scale = self.scale if self.scale is not None else self.width ** -0.5
         if self.offset:  # q.k gains -offset / scale, so every logit moves by -offset; the output does not move
-            scale = self.scale if self.scale is not None else (self.d + 1) ** -0.5
             q = torch.cat([q, torch.full((*q.shape[:-1], 1), -self.offset / scale, dtype=q.dtype)], dim=-1)
             k, v = torch.cat([k, torch.ones_like(k[..., :1])], -1), torch.cat([v, torch.zeros_like(v[..., :1])], -1)
+        if self.climb:  # even rows' logits rise by climb at each key: their max moves at every key block, odd rows' not
+            rises = (torch.arange(self.Nq) % 2 == 0).double()[:, None] * (self.climb / scale)  # (Nq, 1)
+            q = torch.cat([q, rises.expand(*q.shape[:-1], 1)], dim=-1)
+            keys = torch.arange(self.Nk, dtype=torch.float64)[:, None].expand(*k.shape[:-1], 1)  # (B, Hkv, Nk, 1)
+            k, v = torch.cat([k, keys], -1), torch.cat([v, torch.zeros_like(v[..., :1])], -1)
         return tuple(self.laid_out(t, name) for t, name in zip((q, k, v), ARGUMENTS, strict=False))
 
     def layout(self, name: str) -> str:
@@ -187,11 +199,14 @@ GRID_EDGES = (4095, 4096, 4097, 5000)
 @st.composite
 def long_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices: tuple[str, ...] = ("cpu",),
                max_len: int = 1100, max_d: int = 256, long_queries: bool = False,
-               arguments: tuple[str, ...] = ARGUMENTS[:3]) -> AttentionCase:
+               arguments: tuple[str, ...] = ARGUMENTS[:3], climbing: bool = False) -> AttentionCase:
     """Up to 8 queries against many keys (decode, a speculative verify): past the 512-key partitions of
     split-K decoding and the 128-key tiles of FlashAttention, with head dims up to 256 (past the 128 that
     kernels specialise for); one draw in PAST_GRID goes past 4096 keys, with d <= 16 and at most 4 queries.
-    ``long_queries``: half the time many queries against few keys instead (dK and dV summed over query tiles)."""
+    ``long_queries``: half the time many queries against few keys instead (dK and dV summed over query tiles).
+    ``climbing``: half the draws past the grid have logits that climb steeply along the keys on every other query
+    row (as a linear recency bias makes them), at least two rows: those rows' max moves at every key block of
+    every tile size, the other rows' never -- a kernel that shifts or rescales a row it need not drifts there."""
     case = draw(attention_cases(dtypes=dtypes, devices=devices, max_len=8, arguments=arguments))
     past_grid = draw(st.integers(0, PAST_GRID - 1)) == 0
     if past_grid:
@@ -201,6 +216,10 @@ def long_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), devices:
     else:
         n, d = draw(long_lengths(max_len)), draw(wide_head_dims(max_d))
     small = {"B": 1, "Nq": min(case.Nq, 4), "Nk": min(case.Nk, 4)} if past_grid else {}
+    if past_grid and climbing and draw(st.booleans()):  # climb / scale must be finite, in float16 too
+        scale = draw(half_safe_scales if case.dtype == "float16" else nonzero_scales)
+        small |= {"Nq": max(2, small["Nq"]), "climb": draw(st.sampled_from([0.5, 2.0])), "scale": scale}
+        event("logits: climbing along the keys on every other row")
     along = "Nq" if long_queries and draw(st.booleans()) else "Nk"
     return AttentionCase(**{**case.__dict__, **small, along: n, "d": d})
 
@@ -238,3 +257,11 @@ EMPTY_SHAPES = {  # (q, k/v shape): an empty batch or head group, a prefill chun
     "Nk=0": ((1, 2, 4, 8), (1, 2, 0, 8)),
 }
 BAD_CAUSAL = ("no", 0.5, None)  # causal values that must raise: a string, a float, None
+
+
+def just_past_budget(dtype: torch.dtype, multiple: int = 1) -> int:
+    """The fewest tokens n (a multiple of ``multiple``) whose one (n, n) score matrix, in the contract's score dtype
+    for inputs of ``dtype``, is past MEMORY_BUDGET: every implementation that materializes the scores must refuse
+    it, and one that counts them short (a block size or a copy short) does not."""
+    size = torch.empty((), dtype=score_dtype(dtype)).element_size()
+    return multiple * (int((MEMORY_BUDGET / size) ** 0.5) // multiple + 1)

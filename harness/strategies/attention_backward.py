@@ -13,8 +13,7 @@ def output_grad(case: AttentionCase) -> torch.Tensor:
     """dO for a backward case, in q's shape/dtype/device and its own layout: a fixed function of the case's seed, so a
     printed counterexample regenerates it."""
     g = generator(case.seed ^ 0x5EED)
-    d = case.d + bool(case.offset)  # the offset's extra head dim
-    return case.laid_out(torch.randn(case.B, case.H, case.Nq, d, generator=g, dtype=torch.float64), "do")
+    return case.laid_out(torch.randn(case.B, case.H, case.Nq, case.width, generator=g, dtype=torch.float64), "do")
 
 
 @st.composite

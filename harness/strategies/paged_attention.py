@@ -171,7 +171,8 @@ def paged_head_dims(wide: bool) -> st.SearchStrategy[int]:
 
 @functools.cache
 def block_sizes(wide: bool) -> st.SearchStrategy[int]:
-    return st.one_of(st.sampled_from([1, 2, 3, 8, 16, 32] + [128, 256] * wide), st.integers(1, 64))
+    # 1024: a block longer than a 512-token partition (V2's split), which must still be read whole
+    return st.one_of(st.sampled_from([1, 2, 3, 8, 16, 32] + [128, 256, 1024] * wide), st.integers(1, 64))
 
 
 @st.composite
@@ -180,7 +181,7 @@ def paged_attention_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",
                           magnitude: st.SearchStrategy[float] | None = None, wide: bool = True,
                           offset: st.SearchStrategy[float] | None = None,
                           past_grid: bool = False) -> PagedAttentionCase:
-    """``wide``: real head groupings (head_counts), head dims 96-256 and blocks of 128 and 256 tokens as
+    """``wide``: real head groupings (head_counts), head dims 96-256 and blocks of 128, 256 and 1024 tokens as
     well (off for properties whose reference grows with H * Nq * Nk * d).  ``offset``: logits far below 0,
     with a nonzero scale (the offset is put in through it).  ``past_grid``: one draw in PAST_GRID is one
     decode of more than 4096 one-token blocks (a table past 4096 entries), with d <= 8.  ``min_len``: the first

@@ -17,7 +17,8 @@ from llm_inference_harness.strategies.quantization import LONG_ROWS
 class LinearCase:
     """x (n, in) standard normal, with ``outliers`` input columns holding +-U(10, 100) (above LLM.int8()'s
     threshold of 6) in some of their rows, at least one (an outlier column need not be outliers all the
-    way down), and the first ``zero_tokens`` rows all zero; w (out, in) standard normal / sqrt(in).
+    way down), and the first ``zero_tokens`` rows all zero; w (out, in) standard normal / sqrt(in), its first
+    ``zero_channels`` rows all zero (pruned output channels: a scale of 0, the division every scheme must guard).
     ``calib``: also build 16 calibration activations, whose outlier columns are ``calib_outliers`` (None:
     the same as x's; a scheme that detects outliers at run time must not take them from calib).
     ``lead``: x's leading dims, (n,) or e.g. (2, n // 2): the contract's x is (..., in)."""
@@ -31,6 +32,7 @@ class LinearCase:
     outliers: tuple[int, ...] = ()
     zero_tokens: int = 0
     calib: bool = False
+    zero_channels: int = 0
     device: str = "cpu"
     calib_outliers: tuple[int, ...] | None = None
     lead: tuple[int, ...] | None = None
@@ -45,6 +47,7 @@ class LinearCase:
         if self.on_threshold and plain and self.zero_tokens < self.n:  # |x| > threshold makes an outlier; = does not
             x[-1, plain[0]] = -6.0
         w = torch.randn(self.d_out, self.d_in, generator=g, dtype=torch.float64) / self.d_in**0.5
+        w[: self.zero_channels] = 0.0
         calib = self.activations(g, 16, self.outliers if self.calib_outliers is None else self.calib_outliers) \
             if self.calib else None
         x = x.reshape(*((self.n,) if self.lead is None else self.lead), self.d_in)  # (..., in); () for one token
@@ -69,7 +72,8 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
                  plain_columns: int = 0, leading_dims: bool = False,
                  bits: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)) -> LinearCase:
     """At least min_outliers outlier columns (at most 3), and at least plain_columns that are not.
-    ``leading_dims``: x may be 3-D (batch, tokens, in) instead of (n, in)."""
+    ``leading_dims``: x may be 3-D (batch, tokens, in) instead of (n, in).  ``zero_tokens``: some leading tokens
+    all zero, and some leading weight rows all zero (none, one, or every one)."""
     least = max(2, min_outliers + plain_columns)
     kind = draw(st.sampled_from(("plain",) * 7 + ("square", "square", "long")))
     if kind == "long":  # in-features past a 256..4096-element block: the reduction of every scale and of the sum
@@ -95,6 +99,7 @@ def linear_cases(draw: st.DrawFn, dtypes: tuple[str, ...] = ("float64",), device
         zero_tokens=draw(st.integers(1, n)) if zero_tokens else 0, calib=draw(st.booleans()),
         device=draw(st.sampled_from(devices)), calib_outliers=calib_outliers, lead=lead,
         on_threshold=draw(st.booleans()), outlier_rate=draw(st.sampled_from([0.7, 0.0])),
+        zero_channels=draw(st.sampled_from([0, 1, d_out])) if zero_tokens else 0,
     )
 
 
