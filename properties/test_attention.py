@@ -33,6 +33,7 @@ from llm_inference_harness.references.attention import (
 from llm_inference_harness.strategies.attention import (
     BAD_CAUSAL,
     EMPTY_SHAPES,
+    PAST_BUDGET_TOKENS,
     AttentionCase,
     attention_cases,
     just_past_budget,
@@ -230,7 +231,6 @@ def test_empty_shapes_give_empty_output(impl):
         assert not bool(out.any()), f"{impl.name} on {name} (causal={causal}): nonzero output with no key to see"
 
 
-PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, far past MEMORY_BUDGET
 HEADROOM = 2 * MEMORY_BUDGET  # address space a refusing call may still map; an attempt at 14 GB fails at once
 BAD_INPUTS = {
     "heads not divisible": ((1, 3, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)),

@@ -19,7 +19,7 @@ from llm_inference_harness.engine.guard import ContractViolation, assert_rejecte
 from llm_inference_harness.engine.memory import address_space_headroom
 from llm_inference_harness.engine.tolerance import assert_earned, dtype_of
 from llm_inference_harness.references.attention import attention64, attention_plain, large_logit_yardstick
-from llm_inference_harness.strategies.attention import BAD_CAUSAL, just_past_budget
+from llm_inference_harness.strategies.attention import BAD_CAUSAL, PAST_BUDGET_TOKENS, just_past_budget
 from llm_inference_harness.strategies.paged_attention import paged_attention_blind_row_cases, paged_attention_cases
 
 TECHNIQUE = "paged_attention"
@@ -100,7 +100,6 @@ def test_empty_shapes_give_empty_output(impl):
 
 
 NAMES = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
-PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, far past MEMORY_BUDGET
 BAD_INPUTS = {
     "block table entry past the pool": ("block_tables", lambda t, s: (t + 1000, s)),
     "sequence longer than its table": ("seq_lens", lambda t, s: (t, s + 10_000)),

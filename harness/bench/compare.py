@@ -121,7 +121,7 @@ def judge(r: Result, higher_is_better: bool | None = None, min_effect: float = M
     from scipy.stats import wilcoxon
 
     a, b = np.asarray(r.a, dtype=float), np.asarray(r.b, dtype=float)
-    if len(a) < 6 or np.any(a <= 0) or np.any(b <= 0):  # a ratio of non-positive values means nothing
+    if not _measurable(r):
         r.verdict, r.ratio = "unmeasurable", float(np.median(b) / np.median(a)) if len(a) and np.median(a) else math.nan
         r.why = r.why or f"{len(a)} rounds of positive values needed for a ratio"
         return r
@@ -147,6 +147,11 @@ def judge(r: Result, higher_is_better: bool | None = None, min_effect: float = M
     return r
 
 
+def _measurable(r: Result) -> bool:
+    """At least 6 rounds, every value positive: a ratio of non-positive values means nothing."""
+    return len(r.a) >= 6 and min(r.a + r.b) > 0
+
+
 def _log_ratios(r: Result):
     """What the interval is over: each pair's median log ratio B / A where the rounds came from several worker
     pairs, else each round's."""
@@ -167,7 +172,7 @@ def settled(r: Result, min_effect: float = MIN_EFFECT) -> bool:
     at most (1 - CONFIDENCE) / 2 of the time (docs/benchmarks.md has the simulation)."""
     import numpy as np
 
-    if len(r.a) < 6 or min(r.a + r.b) <= 0:
+    if not _measurable(r):
         return False
     _, low, high = signed_rank_interval(_log_ratios(r))
     return bool(np.exp(low) > 1 / (1 + min_effect) and np.exp(high) < 1 + min_effect)

@@ -251,11 +251,7 @@ class Observed:
             return method
 
         def changes(*args: Any, **kwargs: Any) -> Any:
-            for a in args[:2]:
-                if is_int(a):
-                    self._seqs.setdefault(a)
-            if name == "free" and args:
-                self._forget(args[0])  # its queries will raise: asked one by one, if ever
+            self._note_change(name, args)
             if self._deferred and name in DEFERRABLE and not kwargs:
                 self._next_state({})
                 self._pending.append(self._m.process.post_many(self._m.handle, [(name, args)], self._limit))
@@ -282,10 +278,8 @@ class Observed:
     def run_calls(self, calls: list[tuple[str, tuple]]) -> list[tuple[bool, Any]]:
         """`run_calls` for a manager in the implementation's process: the calls in one message, no snapshot."""
         self._collect()
-        for _, args in calls:
-            for a in args[:2]:
-                if is_int(a):
-                    self._seqs.setdefault(a)
+        for name, args in calls:
+            self._note_change(name, args)
         self._answers = {}  # a failure to reply leaves no answer of the state before
         replies = self._m.process.call_many(self._m.handle, list(calls), self._limit)
         self._next_state(None)  # the next query brings the snapshot of the state after
@@ -296,12 +290,26 @@ class Observed:
 
     def prefetch(self, calls: list[tuple[str, tuple]]) -> None:
         """The answers of these queries in this state, those not known yet in one message."""
+        self._known({_key(*call): call for call in calls})
+
+    def _known(self, wanted: dict) -> None:
+        """Every query of ``wanted`` ({key: (name, args)}) answered in this state: the deferred changes collected
+        first, then those not known yet in one message, with the state's snapshot if it has none yet."""
         self._collect()
         if self._answers is None:
-            self._answers = self._fetch(self._snapshot())
-        missing = {key: call for call in calls if (key := _key(*call)) not in self._answers}
+            self._answers = self._fetch({**self._snapshot(), **wanted})
+            return
+        missing = {key: call for key, call in wanted.items() if key not in self._answers}
         if missing:
             self._answers.update(self._fetch(missing))
+
+    def _note_change(self, name: str, args: tuple) -> None:
+        """The sequences a change names (their queries join the snapshots); a freed one's are dropped."""
+        for a in args[:2]:
+            if is_int(a):
+                self._seqs.setdefault(a)
+        if name == "free" and args:
+            self._forget(args[0])  # its queries will raise: asked one by one, if ever
 
     def expect(self, calls: list[tuple[str, tuple]]) -> None:
         """These queries come back with the next change's snapshot."""
@@ -328,15 +336,12 @@ class Observed:
             raise failed.error if failed.kind == "raised" else ContractViolation(failed.payload)
 
     def _query(self, name: str, args: tuple) -> Any:
-        self._collect()
-        if self._answers is None:
-            self._answers = self._fetch(self._snapshot())
         key = _key(name, args)
+        if self._pending or self._answers is None or key not in self._answers:
+            self._known({key: (name, args)})
         if name == "lookup_prefix" and len(args) == 1 and isinstance(args[0], list | tuple):
             self._lookups.pop(key[1][0], None)
             self._lookups[key[1][0]] = None
-        if key not in self._answers:
-            self._answers.update(self._fetch({key: (name, args)}))
         if self._asked is not None:
             self._asked[key] = (name, args)
         reply = self._answers[key]
@@ -413,7 +418,7 @@ def _raised(exc: BaseException) -> str:
 
 
 def _key(name: str, args: tuple) -> tuple:
-    if len(args) == 1 and type(args[0]) is not list or not args:  # ref_count(b), num_free_blocks(): ~10^5 a program
+    if not args or len(args) == 1 and type(args[0]) is not list:  # ref_count(b), num_free_blocks(): ~10^5 a program
         return name, args
     return name, tuple(tuple(a) if type(a) is list else a for a in args)
 

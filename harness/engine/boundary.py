@@ -242,11 +242,6 @@ class PluginProcess:
             elif single:
                 groups.append((method, "each", [args[0]]))
                 sizes.append(1)
-            elif not (kwargs and kwargs[0]) and all(type(a) in wire.PLAIN_ATOMS or type(a) is list and all(
-                    type(v) in wire.PLAIN_ATOMS for v in a) for a in args):  # a lookup's tokens: encoded in one pass
-                groups.append((method, "call", ("t", tuple(("L", a) if type(a) is list else a for a in args)),
-                               ("d", [])))
-                sizes.append(1)
             else:
                 groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(*kwargs))))
                 sizes.append(1)

@@ -160,11 +160,11 @@ class Encoder:
         if isinstance(value, torch.Tensor):
             return self.tensor(value, path)
         if kind is tuple or kind is torch.Size:
-            return ("t", tuple(self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)))
+            return ("t", tuple(self._item(v, path, i) for i, v in enumerate(value)))
         if kind is list:
             if all(type(v) in PLAIN_ATOMS for v in value):  # token ids, block tables: one pass
                 return ("L", value)
-            return ("l", [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)])
+            return ("l", [self._item(v, path, i) for i, v in enumerate(value)])
         if kind is dict:
             return ("d", [(self.encode(k, path), self.encode(v, f"{k!s}" if path == "input" else f"{path}[{k!r}]"))
                           for k, v in value.items()])
@@ -201,6 +201,16 @@ class Encoder:
         spec = self.refs(value)
         return ("R", spec.owner, spec.handle, spec.methods, spec.type_name, spec.sink,
                 [(k, self.encode(v, f"{path}.{k}")) for k, v in spec.attrs])
+
+    def _item(self, value: Any, path: str, i: int) -> Any:
+        """Item ``i`` of a tuple or list at ``path``: an atom or a list of atoms (a call's token ids, ~10^4 a machine
+        program) without formatting its path, which only a tensor or a model sent by value reports."""
+        kind = type(value)
+        if kind in PLAIN_ATOMS:
+            return value
+        if kind is list and all(type(v) in PLAIN_ATOMS for v in value):
+            return ("L", value)
+        return self.encode(value, f"{path}[{i}]")
 
     def tensor(self, t: torch.Tensor, path: str) -> Any:
         dtype = str(t.dtype).removeprefix("torch.")

@@ -259,6 +259,9 @@ EMPTY_SHAPES = {  # (q, k/v shape): an empty batch or head group, a prefill chun
 BAD_CAUSAL = ("no", 0.5, None)  # causal values that must raise: a string, a float, None
 
 
+PAST_BUDGET_TOKENS = 60_000  # Nq = Nk: a (60000, 60000) float32 score matrix is 14.4 GB, far past MEMORY_BUDGET
+
+
 def just_past_budget(dtype: torch.dtype, multiple: int = 1) -> int:
     """The fewest tokens n (a multiple of ``multiple``) whose one (n, n) score matrix, in the contract's score dtype
     for inputs of ``dtype``, is past MEMORY_BUDGET: every implementation that materializes the scores must refuse
