@@ -7,9 +7,12 @@ from llm_inference_harness.impls.attention.naive import naive_attention
 
 
 def kills_its_checker(q, k, v, *, causal=False, scale=None):
-    """Ends the process that started its checking process: on a Ray node, the worker running its unit.  (Checked
-    locally, that process is the harness itself: no verdict would be written.)"""
-    os.kill(os.getppid(), signal.SIGKILL)
+    """Ends the process that started its checking process (this process's parent): on a Ray node, the worker
+    running its unit.  (Checked locally, that process is the harness itself: no verdict would be written.)"""
+    checker = os.getppid()
+    with open(f"/proc/{checker}/stat") as stat:
+        worker = int(stat.read().rsplit(")", 1)[1].split()[1])
+    os.kill(worker, signal.SIGKILL)
     return naive_attention(q, k, v, causal=causal, scale=scale)
 
 

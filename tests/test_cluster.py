@@ -4,14 +4,17 @@ a head and two worker nodes of one CPU each, one declaring a GPU; every node on 
 
 Units run where Ray puts them and come back with the verdicts a local run gives; a unit that needs a device runs
 only on a node that declares it; a node removed mid-run costs its units a rerun elsewhere, none lost or counted
-twice; a unit whose checking process crashes, or whose worker dies on every try, gets a crashed verdict.  They
-need the [cluster] extra and start servers, so they run only when asked: HARNESS_CLUSTER_TESTS=1, as the cluster
-step of .ci/run does (the README's test command needs no server)."""
+twice; a checking process killed from outside costs its unit a rerun; a unit whose checking process dies, or whose
+worker dies, on every try gets a crashed verdict.  They need the [cluster] extra and start servers, so they run only
+when asked: HARNESS_CLUSTER_TESTS=1, as the cluster step of .ci/run does (the README's test command needs no
+server)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,6 +93,50 @@ def test_a_unit_that_crashes_gets_the_verdict_it_gets_locally(cluster):
         return
     assert verdict.status == "FAIL" and verdict.message.startswith(
         "crashed: the Ray worker running it died on each of 2 tries"), verdict.message
+
+
+def _kill_a_checking_process(killed: list[int], settle_s: float = 1.0, within_s: float = 60.0) -> None:
+    """SIGKILL the first checking process of a unit on this machine's cluster once it has run ``settle_s`` (the
+    implementation loaded, a property under way): the process a Ray worker running `ray_unit` forked."""
+    first_seen: dict[int, float] = {}
+    end = time.monotonic() + within_s
+    while not killed and time.monotonic() < end:
+        for pid in _checking_processes():
+            if time.monotonic() - first_seen.setdefault(pid, time.monotonic()) >= settle_s:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                break
+        time.sleep(0.05)
+
+
+def _checking_processes() -> list[int]:
+    def title_and_parent(pid: int) -> tuple[str, int]:
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            return title, int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            return "", 0
+
+    def runs_unit(pid: int) -> bool:
+        return title_and_parent(pid)[0].startswith("ray::ray_unit")
+
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    return [p for p in pids if runs_unit(p) and runs_unit(ppid := title_and_parent(p)[1])
+            and not runs_unit(title_and_parent(ppid)[1])]
+
+
+def test_a_checking_process_killed_mid_unit_is_rerun_not_judged(cluster):
+    """What a node going away can do (CI saw it once: a checking process dead, its worker alive long enough to
+    report the death as the unit's verdict): a running unit's checking process is killed from outside.  The unit is
+    rerun and gets the local run's verdict, not a crash the implementation never caused."""
+    units = check_units("attention", [Target("attention", plugin=f"{PLUGINS}:slow_correct")], ["matches_reference"])
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_a_checking_process, args=(killed,), daemon=True)
+    killer.start()
+    on_ray = Ray().run(units, Job("ci"), Progress())
+    killer.join()
+    assert killed, "no checking process was found to kill: the test did not test"
+    assert _verdicts(on_ray) == _verdicts(Local(1).run(units, Job("ci"), Progress()))
 
 
 class RemoveANode(Progress):

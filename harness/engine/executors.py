@@ -14,8 +14,10 @@ implementation declares devices without the CPU asks for them as Ray resources (
 custom resource of its name), so it runs only on a node that declares them; where no node does, it runs anywhere and
 gets the verdict a machine without that device gives (its properties skip, saying so).  Ray retries a unit whose worker
 or node died (``max_retries``): a node lost mid-run costs its units a rerun elsewhere, each unit's result is taken once.
-A unit whose worker died on every try gets ``crashed:`` verdicts, as a checking process that dies locally does.  Results
-stream back unit by unit through the progress callbacks.
+A unit whose checking process died without reporting is rerun too (`CheckerDied`): a node going away kills checking
+processes while their worker may live long enough to report the death, and that death is not the implementation's
+verdict.  A unit whose worker or checking process died on every try gets ``crashed:`` verdicts, as a checking process
+that dies locally does.  Results stream back unit by unit through the progress callbacks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import socket
 import time
 
 from llm_inference_harness.engine import exampledb, runner
+from llm_inference_harness.engine.isolation import CHECKER_DIED
 from llm_inference_harness.engine.units import Durations, Job, Unit, result_from_dict, result_to_dict, split
 
 POLL_S = 0.05
@@ -76,6 +79,15 @@ def harness_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("HARNESS_") or k in FORWARDED_ENV}
 
 
+class CheckerDied(Exception):
+    """Raised by `ray_unit` when the unit's checking process died without reporting, so that Ray reruns it; carries
+    what `ray_unit` would have returned, the unit's result on its last try."""
+
+    def __init__(self, out: dict) -> None:
+        super().__init__(out["result"]["stopped"])
+        self.out = out
+
+
 _profile_loaded: str | None = None  # in a Ray worker: the profile its property modules were imported under
 
 
@@ -102,9 +114,12 @@ def ray_unit(unit: Unit, job: Job) -> dict:
                                         names=[unit.target.name])
     import ray
 
-    return {"result": result_to_dict(found[0]), "host": socket.gethostname(), "pid": os.getpid(),
-            "node": ray.get_runtime_context().get_node_id(), "commit": provenance.commit(),
-            "seconds": time.perf_counter() - start}
+    out = {"result": result_to_dict(found[0]), "host": socket.gethostname(), "pid": os.getpid(),
+           "node": ray.get_runtime_context().get_node_id(), "commit": provenance.commit(),
+           "seconds": time.perf_counter() - start}
+    if found[0].stopped.startswith(CHECKER_DIED):
+        raise CheckerDied(out)
+    return out
 
 
 class Ray:
@@ -147,8 +162,8 @@ class Ray:
             resources, missing = _resources(unit.needs, declared)
             if missing:
                 progress.note(unit.target, f"no node declares {', '.join(missing)}: runs where they are absent")
-            refs[task.options(num_cpus=1, max_retries=self.max_retries, scheduling_strategy="SPREAD",
-                              runtime_env=env, **resources).remote(unit, job)] = unit
+            refs[task.options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=[CheckerDied],
+                              scheduling_strategy="SPREAD", runtime_env=env, **resources).remote(unit, job)] = unit
         results: dict[tuple[str, ...], runner.ImplResult] = {}
         loaded: set[runner.Target] = set()
         pending = list(refs)
@@ -176,8 +191,10 @@ class Ray:
     def _collect(self, ray, ref, unit: Unit, job: Job, commit: str) -> runner.ImplResult:
         try:
             out = ray.get(ref)
-        except ray.exceptions.RayTaskError as exc:  # the harness itself failed on the node
-            return failed(unit, job, f"error: the unit failed on its node: {_last_line(exc)}", str(exc)[-2000:])
+        except ray.exceptions.RayTaskError as exc:
+            if not isinstance(exc.cause, CheckerDied):  # the harness itself failed on the node
+                return failed(unit, job, f"error: the unit failed on its node: {_last_line(exc)}", str(exc)[-2000:])
+            out = exc.cause.out  # its checking process died on every try: the verdict a local run gives
         except ray.exceptions.RayError as exc:  # its worker or node died on every try
             return failed(unit, job, f"crashed: the Ray worker running it died on each of {self.max_retries + 1} "
                                      f"tries ({type(exc).__name__}: {_last_line(exc)})")

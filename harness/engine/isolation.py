@@ -61,6 +61,7 @@ class Limits:
 
 
 # --- inside a child -----------------------------------------------------------------------------------------
+CHECKER_DIED = "crashed: the checking process"  # how a verdict starts whose checking process died without a word
 _channel = None  # the pipe to the parent, in a child; None in the parent or under pytest
 _deadline = None  # shared double: monotonic deadline of the guarded call in progress (0: none)
 _memory_limit = 0  # bytes, in a child: what llm_inference_harness.engine.guard quotes when an allocation fails
@@ -226,8 +227,8 @@ class _Child:
         self.proc.join(timeout=1)
         code = self.proc.exitcode
         if code is not None and code < 0:
-            return f"crashed: the checking process was killed by signal {signal.Signals(-code).name}"
-        return f"crashed: the checking process died with exit code {code}"
+            return f"{CHECKER_DIED} was killed by signal {signal.Signals(-code).name}"
+        return f"{CHECKER_DIED} died with exit code {code}"
 
     def _end(self, why: str, *, detail: str = "") -> bool:
         self.kill()
