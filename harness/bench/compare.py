@@ -57,7 +57,7 @@ ENVS = ROOT / ".asv" / "compare"  # worktrees and environments, one per commit, 
 WORKER = Path(__file__).with_name("benchworker.py")
 ROUNDS = 160
 PAIRS = 16  # chosen by simulation to see 5% at >= 95% power (docs/benchmarks.md); 8 is the fewest that can exclude 1
-FIRST_LOOK = 8  # pairs after which a comparison stops if every case's interval already lies within the floor
+FIRST_LOOK = 8  # pairs after which a comparison stops once every case's interval lies within or beyond the floor
 MIN_ROUNDS = 10  # a case's fewest rounds, over all its pairs, however slow a round is
 BUDGET_S = 120.0  # a case whose rounds are slow gets fewer of them, not a longer comparison
 CONFIDENCE = 0.99
@@ -165,17 +165,16 @@ def _log_ratios(r: Result):
 
 
 def settled(r: Result, min_effect: float = MIN_EFFECT) -> bool:
-    """Whether the case's CONFIDENCE interval over the pairs measured so far lies within ``min_effect`` of 1: no
-    change the verdict could call (one at least ``min_effect`` from 1) is left in it, so the comparison may stop
-    and call it same.  Stopping for futility, as group sequential trials do: it can only end a case as same, so
-    it adds no false alarm; it costs power where a real change of ``min_effect`` or more lies outside the interval,
-    at most (1 - CONFIDENCE) / 2 of the time (docs/benchmarks.md has the simulation)."""
-    import numpy as np
-
+    """Whether the case's CONFIDENCE interval over the pairs measured so far lies wholly within ``min_effect`` of 1
+    (no change the verdict could call is left in it: same) or wholly beyond it on one side (a change of at least
+    ``min_effect`` is shown: slower or faster), so that the comparison may stop, as group sequential trials stop
+    for futility or for efficacy.  Each look from FIRST_LOOK pairs on is a chance to stop: `design` simulates
+    these very looks, and docs/benchmarks.md has what they cost in power and false alarms."""
     if not _measurable(r):
         return False
     _, low, high = signed_rank_interval(_log_ratios(r))
-    return bool(np.exp(low) > 1 / (1 + min_effect) and np.exp(high) < 1 + min_effect)
+    floor = math.log1p(min_effect)
+    return bool(-floor < low and high < floor or low > floor or high < -floor)
 
 
 # ------------------------------------------------------------------------------------------ environments
@@ -352,7 +351,8 @@ def measure(start_a, start_b, matched, *, pairs: int = PAIRS, first_look: int = 
     """Each (case_a, case_b) of ``matched`` (or of ``matched(a, b)``, asked of the first pair's workers) over
     ``pairs`` pairs of workers from start_a() and start_b(), every case in every pair: one Result each, B / A.
     From the ``first_look``-th pair on, the comparison stops once every case is `settled` (or cannot be measured):
-    on a quiet machine, most comparisons of code that changed nothing cost half of theirs."""
+    on a quiet machine, most comparisons of code that changed nothing, or that changed it by 5% or more, cost about
+    half of theirs."""
     runs, started = None, time.perf_counter()
     with contextlib.closing(worker_pairs(start_a, start_b, pairs)) as each_pair:
         for p, a, b in each_pair:
@@ -364,7 +364,8 @@ def measure(start_a, start_b, matched, *, pairs: int = PAIRS, first_look: int = 
                 progress(f"pair {p + 1}/{pairs}: {len(runs)} cases, {time.perf_counter() - started:.0f} s so far")
             if p + 1 >= first_look and all(run.problem is not None or settled(run.r) for run in runs):
                 if p + 1 < pairs:
-                    progress(f"every case settled after {p + 1} pairs: within {MIN_EFFECT:.1%} of 1")
+                    progress(f"every case settled after {p + 1} pairs: its interval within or beyond "
+                             f"{MIN_EFFECT:.1%} of 1")
                 break
     return [run.result() for run in runs or []]
 

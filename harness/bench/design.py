@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from llm_inference_harness.bench import compare
 
 NOISE = [(0.01, 0.02), (0.02, 0.03), (0.03, 0.03), (0.03, 0.05)]  # (pair_sd, round_sd)
-# pairs, rounds, floor, and the pairs from which a comparison whose interval lies within the floor stops (`settled`)
+# pairs, rounds, floor, and the pairs from which a comparison whose interval lies within or beyond the floor stops
+# (`compare.settled`)
 DESIGNS = [(10, 40, 0.05, 10), (10, 40, 0.025, 10), (compare.PAIRS, compare.ROUNDS, compare.MIN_EFFECT, compare.PAIRS),
            (compare.PAIRS, compare.ROUNDS, compare.MIN_EFFECT, compare.FIRST_LOOK)]
 
@@ -43,33 +45,51 @@ def synthetic(change: float, pairs: int, rounds: int, pair_sd: float, round_sd: 
 
 def rates(pairs: int, rounds: int, floor: float, first_look: int, pair_sd: float, round_sd: float, n: int,
           seed: int) -> dict:
-    """{change: share of n synthetic comparisons called slower (or, at 0, slower or faster), "pairs": the mean
-    pairs a comparison of 0% measured} under one design."""
+    """{change: (share of n synthetic comparisons called slower -- at 0, slower or faster --, the mean pairs they
+    measured)} under one design."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    out, used = {}, []
+    out = {}
     for change in (0.05, 0.10, 0.0):
         alarm = ("slower",) if change else ("slower", "faster")
-        called = 0
-        for _ in range(n):
-            verdict, measured = judged(synthetic(change, pairs, rounds, pair_sd, round_sd, rng), floor, first_look)
-            called += verdict in alarm
-            used += [measured] if change == 0 else []
-        out[change] = called / n
-    out["pairs"] = float(np.mean(used))
+        runs = [judged(synthetic(change, pairs, rounds, pair_sd, round_sd, rng), floor, first_look) for _ in range(n)]
+        out[change] = (sum(verdict in alarm for verdict, _ in runs) / n, float(np.mean([p for _, p in runs])))
     return out
 
 
 def judged(r: compare.Result, floor: float, first_look: int) -> tuple[str, int]:
-    """(verdict, pairs measured) as `compare.measure` reaches it: from the ``first_look``-th pair on, stopping as
-    same after the first pair that settles it, else judged on all of them."""
+    """(verdict, pairs measured) as `compare.measure` reaches it: from the ``first_look``-th pair on, judged on the
+    pairs so far after the first pair that settles it, else on all of them."""
     pairs = len(set(r.pairs))
     for p in range(first_look, pairs):
         k = r.pairs.index(p)  # the rounds of the first p pairs
-        if compare.settled(compare.Result(r.name, r.params, a=r.a[:k], b=r.b[:k], pairs=r.pairs[:k]), floor):
-            return "same", p
+        so_far = compare.Result(r.name, r.params, a=r.a[:k], b=r.b[:k], pairs=r.pairs[:k])
+        if compare.settled(so_far, floor):
+            return compare.judge(so_far, min_effect=floor).verdict, p
     return compare.judge(r, min_effect=floor).verdict, pairs
+
+
+def rejudged(tally: dict) -> dict[str, dict]:
+    """{fraction: {"called", "n", "pairs", "seconds"}} of a `compare.power` tally, its comparisons judged again from
+    their recorded pair estimates as `compare.measure` would judge them now (`judged`): how many were called changed
+    (at 0) or slower, the mean pairs measured, and the mean seconds scaled by pairs measured now over pairs measured
+    then (an estimate: a pair's cost is most of a comparison's).  Exact for a rule that stops no later than the one
+    that measured the tally, since every pair it looks at was measured."""
+    out = {}
+    for fraction, t in tally["fractions"].items():
+        alarm = ("slower", "faster") if float(fraction) == 0 else ("slower",)
+        called, pairs, seconds = 0, [], []
+        for logs, spent in zip(t["pair_logs"], t["seconds"], strict=True):
+            r = compare.Result("bench_x.C.time_f", (), a=[1.0] * len(logs), b=[math.exp(x) for x in logs],
+                               pairs=list(range(len(logs))))
+            verdict, used = judged(r, tally["design"]["min_effect"], tally["design"]["first_look"])
+            called += verdict in alarm
+            pairs.append(used)
+            seconds.append(spent * used / len(logs))
+        out[fraction] = {"called": called, "n": t["n"], "pairs": sum(pairs) / len(pairs),
+                         "seconds": sum(seconds) / len(seconds)}
+    return out
 
 
 def resampled(tally: dict, n: int, seed: int = 0) -> dict[str, tuple[float, int, int]]:
@@ -97,7 +117,14 @@ def main() -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--comparisons", type=int, default=2000, help="synthetic comparisons per cell")
     parser.add_argument("--from", dest="tally", type=Path, metavar="TALLY", help="resample this power tally's pairs")
+    parser.add_argument("--rejudge", type=Path, metavar="TALLY", help="judge this power tally's comparisons again")
     args = parser.parse_args()
+    if args.rejudge:
+        for fraction, t in rejudged(json.loads(args.rejudge.read_text())).items():
+            print(f"+{float(fraction):.0%}: {t['called']} of {t['n']} comparisons called "
+                  f"{'changed' if float(fraction) == 0 else 'slower'}, {t['pairs']:.1f} pairs and about "
+                  f"{t['seconds']:.0f} s a comparison")
+        return 0
     if args.tally:
         for fraction, (share, comparisons, pairs) in resampled(json.loads(args.tally.read_text()),
                                                                args.comparisons).items():
@@ -105,12 +132,13 @@ def main() -> int:
                   f"of {comparisons} measured comparisons called {'changed' if float(fraction) == 0 else 'slower'}")
         return 0
     print("pair sd  round sd  pairs x rounds  floor  first look  +5% slower  +10% slower  0% false alarms  "
-          "0%: pairs measured")
+          "pairs measured at 0% / +5%")
     for pair_sd, round_sd in NOISE:
         for pairs, rounds, floor, first_look in DESIGNS:
             r = rates(pairs, rounds, floor, first_look, pair_sd, round_sd, args.comparisons, seed=0)
             print(f"{pair_sd:7.2f}  {round_sd:8.2f}  {pairs:5d} x {rounds // pairs:<6d} {floor:5.3f}  "
-                  f"{first_look:10d}  {r[0.05]:10.1%}  {r[0.10]:11.1%}  {r[0.0]:15.2%}  {r['pairs']:18.1f}", flush=True)
+                  f"{first_look:10d}  {r[0.05][0]:10.1%}  {r[0.10][0]:11.1%}  {r[0.0][0]:15.2%}  "
+                  f"{r[0.0][1]:13.1f} / {r[0.05][1]:.1f}", flush=True)
     return 0
 
 
