@@ -216,3 +216,19 @@ def test_stopping_when_settled_keeps_the_verdicts_at_five_percent():
     for _ in range(60):
         r = synthetic(0.05, compare.PAIRS, compare.ROUNDS, 0.02, 0.03, g)
         assert judged(r, compare.MIN_EFFECT, compare.FIRST_LOOK)[0] == judged(r, compare.MIN_EFFECT, compare.PAIRS)[0]
+
+
+def test_a_power_tally_judged_again_stops_where_measure_would_now():
+    """`design --rejudge`: a recorded +5% comparison of 16 quiet pairs is called slower after FIRST_LOOK pairs, its
+    seconds scaled by the pairs it needed; a recorded comparison of identical code stays same."""
+    from llm_inference_harness.bench.design import rejudged
+
+    g = np.random.default_rng(0)
+    quiet = [list(0.003 * g.standard_normal(16)) for _ in range(2)]
+    tally = {"design": {"min_effect": compare.MIN_EFFECT, "first_look": compare.FIRST_LOOK},
+             "fractions": {"0.0": {"n": 1, "pair_logs": [quiet[0][:8]], "seconds": [20.0]},
+                           "0.05": {"n": 1, "pair_logs": [[math.log(1.05) + x for x in quiet[1]]], "seconds": [60.0]}}}
+    again = rejudged(tally)
+    assert (again["0.0"]["called"], again["0.0"]["pairs"], again["0.0"]["seconds"]) == (0, 8, 20.0)
+    expected_seconds = 60.0 * compare.FIRST_LOOK / 16
+    assert (again["0.05"]["called"], again["0.05"]["pairs"], again["0.05"]["seconds"]) == (1, 8, expected_seconds)
