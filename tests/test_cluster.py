@@ -177,17 +177,27 @@ def _harness(*args: str, log: Path) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT, text=True)
 
 
+# The three attention properties that cost half of a whole check's time, left out: the test runs the check twice
+# (on this machine, then on the cluster) within CI's 15 minutes
+HEAVY = {"large_logits_stay_finite_and_correct", "long_keys_and_wide_heads", "key_value_permutation_invariance"}
+
+
 def test_check_attention_on_the_cluster_gives_the_local_verdicts_and_survives_a_lost_node(cluster, tmp_path):
-    """`harness check attention --executor ray` (every implementation, every property) from the command line,
-    one of the three nodes removed once a third of the verdicts are in: the document's implementations and
+    """`harness check attention --executor ray` (every implementation, every property but HEAVY) from the command
+    line, one of the three nodes removed once a third of the verdicts are in: the document's implementations and
     verdicts are the local run's, apart from times and where they ran, each unit counted once."""
+    from llm_inference_harness.engine.registry import impls
+    from llm_inference_harness.engine.runner import properties_of
+
     c, nodes = cluster
-    documents = {}
+    props = [p.name for p in properties_of("attention") if p.name not in HEAVY]
+    documents, units = {}, len(impls("attention")) * len(props)
+    chosen = [arg for p in props for arg in ("--property", p)]
     for name, extra in (("local", []), ("ray", ["--executor", "ray", "--address", c.address])):
         out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
-        proc = _harness("check", "attention", "--jobs", "2", "--json", str(out), *extra, log=log)
+        proc = _harness("check", "attention", *chosen, "--jobs", "2", "--json", str(out), *extra, log=log)
         if name == "ray":
-            while proc.poll() is None and log.read_text().count("[attention ") < 140:  # of 420
+            while proc.poll() is None and log.read_text().count("[attention ") < units // 3:
                 time.sleep(0.2)
             c.remove_node(nodes["plain"])
         try:
