@@ -28,9 +28,10 @@ draw only inside what it declares, and skip, naming the format, what needs more:
   symmetric int8, torch.ao's qint8 observers: absmax / 127.5).  Every error is still within s/2; the
   absmax element no longer round-trips (a positive one gets 2^(b-1) - 1, half a step short; a negative one
   -2^(b-1), or -(2^(b-1) - 1) where w / s rounds just short of the tie).
-* ``code_range="signed_extreme"``: s = m / -2^(b-1) for m the group's element of largest magnitude, so s
-  takes m's opposite sign and m gets code -2^(b-1) exactly (GGUF Q4_0, d = max / -8); an element past
-  2^(b-1) - 1/2 steps on the other side is clipped to 2^(b-1) - 1 and may be off by one whole step.
+* ``code_range="signed_extreme"``: s = m / -2^(b-1) for m the group's element of largest magnitude (where +m and
+  -m tie, the first in the row's order, as llama.cpp's `amax < fabsf(v)` keeps it), so s takes m's opposite sign
+  and m gets code -2^(b-1) exactly (GGUF Q4_0, d = max / -8); an element past 2^(b-1) - 1/2 steps on the other
+  side (the other of a +m, -m tie among them) is clipped to 2^(b-1) - 1 and may be off by one whole step.
 * ``scale_dtype``: the scales are returned in w's dtype but hold values of a narrower dtype (GGUF stores
   d as float16): the codes were computed with the unrounded s, so the error bound is
   (|s| + r) / 2 + |q| r, r = half the spacing of scale_dtype at s, and the round trips are off by |q| r.

@@ -69,7 +69,7 @@ def mutant_zero_point_range_overflows(w, *, bits, granularity="channel", group_s
 @register("quantization", "mutant_square_as_in_out", devices=("cpu", "cuda"), dtypes=("float64", "float32"),
           mutant=True, bug="a kernel that sniffs its layout from the shape: a square weight is taken as (in, out), "
           "so its per-channel and per-group scales run down the columns",
-          killed_by=("granularity_bounds_nest", "extreme_magnitudes"), caps={"symmetric": True})
+          killed_by=("granularity_bounds_nest", "extreme_magnitudes", "absmax_round_trips"), caps={"symmetric": True})
 def mutant_square_as_in_out(w, *, bits, granularity="channel", group_size=None):
     square = isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] == w.shape[1]
     if not square or granularity == "tensor":
