@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from llm_inference_harness.engine.tolerance import FLOAT64_IDENTITY
 from llm_inference_harness.impls.speculative.batched import speculative_batched
-from llm_inference_harness.impls.speculative.standard import speculative
+from llm_inference_harness.impls.speculative.standard import SpeculativeSampling, speculative
 from llm_inference_harness.references.speculative import autoregressive_distribution
 from llm_inference_harness.sampling.enumeration import (
     ReplayRng,
@@ -216,3 +216,33 @@ def test_drafting_past_the_budget_stops_at_once_naming_the_rule():
     to_budget = exact_distribution(overdraft, target, draft, [0], gamma=1, T=2, workers=1)  # k = min(1, budget)
     err, where = max_difference(to_budget.dist, autoregressive_distribution(target, [0], 2))
     assert err <= FLOAT64_IDENTITY, f"drafts up to the budget: P{where} off by {err:.3g}"
+
+
+class LaterRoundsOverdraft(SpeculativeSampling):
+    """Keeps the budget rule in a run's first round and drafts gamma in the later ones (state carried between rounds:
+    restarted after round one, as merged enumeration and the budget probe restart it, it never overdrafts)."""
+
+    def __call__(self, target, draft, prompt, *, max_new_tokens, **kwargs):
+        self.first = max_new_tokens
+        return super().__call__(target, draft, prompt, max_new_tokens=max_new_tokens, **kwargs)
+
+    def budget(self, gamma, left):
+        return min(gamma, left - 1) if left == self.first else gamma
+
+
+def test_every_rounds_drafts_are_checked_against_the_tokens_left():
+    """Run by run (merge=False, what a sampler that declares markov=False gets), a round after the first that verifies
+    more drafts than the tokens left stops the enumeration naming the budget rule (it used to be played out:
+    exact, V times the branches per draft past the budget); a sampler that drafts exactly up to the tokens left in
+    every round (tests/speculative_samplers.py kept_drafts) is exact and allowed."""
+    from llm_inference_harness.sampling.enumeration import DraftsPastBudget
+    from tests.speculative_samplers import kept_drafts
+
+    target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
+    with pytest.raises(DraftsPastBudget, match="budget rule: a round drafted 2 token.s. with 1 left"):
+        exact_distribution(LaterRoundsOverdraft(), target, draft, [0], gamma=2, T=3, workers=1, merge=False)
+    reference = autoregressive_distribution(target, [0], 3)
+    for sampler, rule in ((LaterRoundsOverdraft(), False), (kept_drafts, True)):
+        got = exact_distribution(sampler, target, draft, [0], gamma=2, T=3, workers=1, merge=False, budget_rule=rule)
+        err, where = max_difference(got.dist, reference)
+        assert err <= FLOAT64_IDENTITY, f"{sampler}: P{where} off by {err:.3g}"

@@ -1,6 +1,9 @@
 """Machine-made mutants (harness/engine/mutation.py): the pipeline on a few block-manager mutants, two quick
 properties only (the full run is `harness mutants --machine-made DIR`, hours on 2 cores)."""
 
+import importlib
+import sys
+
 import pytest
 
 from llm_inference_harness.engine import mutation as M
@@ -101,3 +104,33 @@ def test_a_plan_judged_for_one_technique_keeps_that_techniques_units(tmp_path):
     plan.write_text('{"mutations": ["f.py:op:0@mine", "f.py:op:1@theirs", "g.py:op:0@other"]}')
     chosen = M.planned(plan, [M.Subject("f.py", (("t", "mine"),))])
     assert [(m.id, m.judged) for m in chosen] == [("f.py:op:0", ("t", "mine"))]
+
+
+def test_an_implementation_is_attributed_to_the_file_that_registers_it(tmp_path, monkeypatch):
+    """A file that registers an instance of a class of another file is the implementation's source (not its callable's
+    ``__module__``), so the mutation tool mutates that file: impls/speculative/adaptive.py registers standard.py's
+    SpeculativeSampling(unsure=0.4) as adaptive_gamma."""
+    from llm_inference_harness.engine import registry
+
+    files = {s.path: s.provides for s in M.subjects(["speculative"])}  # the real registry, loaded
+    assert files["impls/speculative/adaptive.py"] == (("speculative", "adaptive_gamma"),)
+    assert ("speculative", "adaptive_gamma") not in files["impls/speculative/standard.py"]
+
+    (tmp_path / "sampler_class_elsewhere.py").write_text(
+        "class Sampler:\n    def __call__(self, *args, **kwargs):\n        return []\n")
+    (tmp_path / "registers_a_sampler.py").write_text(
+        "from llm_inference_harness.engine.registry import register\n"
+        "from sampler_class_elsewhere import Sampler\n\n"
+        "register('speculative', 'elsewhere')(Sampler())\n"
+        "register('speculative', 'declared', source='somewhere.else')(Sampler())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "REGISTRY", {})  # a registry of its own: the real one is left as it is
+    try:
+        importlib.import_module("registers_a_sampler")
+    finally:
+        for name in ("registers_a_sampler", "sampler_class_elsewhere"):
+            sys.modules.pop(name, None)
+    made = registry.REGISTRY
+    assert made[("speculative", "elsewhere")].fn.__module__ == "sampler_class_elsewhere"
+    assert made[("speculative", "elsewhere")].source == "registers_a_sampler"
+    assert made[("speculative", "declared")].source == "somewhere.else"  # a helper names the file it registers for

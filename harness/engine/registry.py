@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ class Impl:
     bug: str = ""  # for mutants: the real bug it models
     cite: str = ""  # paper and section the algorithm comes from
     caps: Caps = Caps()  # the technique's typed capabilities (harness/contracts/<technique>.py)
-    source: str = ""  # module that registered it, or the plugin spec it came from
+    source: str = ""  # the module whose `register` call made it (not its callable's), or the plugin spec
     unavailable: str = ""  # why it cannot run on this machine (a library not installed): every property skips
 
     def __repr__(self) -> str:  # what Hypothesis prints in a falsifying example
@@ -61,7 +62,15 @@ FIELDS = tuple(f for f in Impl.__dataclass_fields__ if f not in ("technique", "n
 
 
 def register(technique: str, name: str, **declared: Any) -> Callable[[Callable], Callable]:
-    """Decorator: ``@register("attention", "fa2_b64", dtypes=("float32",), caps={...})``."""
+    """Decorator: ``@register("attention", "fa2_b64", dtypes=("float32",), caps={...})``.
+
+    The record's ``source`` is the module that calls `register` (unless declared): a file that registers an instance
+    of a class defined in another file (impls/speculative/adaptive.py registers standard.py's SpeculativeSampling) is
+    the implementation's file, to the mutation tool and the reports, not the file its callable's ``__module__`` names.
+    """
+    caller = sys._getframe(1).f_globals.get("__name__")
+    if caller and "source" not in declared:
+        declared["source"] = caller
 
     def add(fn: Callable) -> Callable:
         key = (technique, name)

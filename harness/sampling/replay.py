@@ -155,7 +155,7 @@ class _Cut(BaseException):  # BaseException: a sampler's `except Exception` must
 
 
 class _PastBudget(BaseException):  # BaseException: a sampler's `except Exception` must not swallow it
-    """Raised at a round's target call that verifies more drafts than the round may emit."""
+    """Raised at a round's target call that verifies more drafts than the round may emit (any round of the run)."""
 
     def __init__(self, drafted: int, budget: int) -> None:
         self.drafted, self.budget = drafted, budget
@@ -175,22 +175,34 @@ class _Run:
         self.prompt, self.cut, self.rng, self.target_calls, self.seen = prompt, cut, rng, 0, {}
 
     def watch(self, xs: list[tuple[int, ...]], n: int, is_target: bool, budget: int) -> None:
-        """One model call on prefixes ``xs``; raises `_Cut` at a round boundary."""
+        """One model call on prefixes ``xs``; raises `_Cut` at a round boundary, `_PastBudget` at a target call that
+        verifies a draft past the run's budget."""
         calls = self.target_calls
+        if is_target:
+            self.against_budget(xs, n, calls, budget)
         if calls:
             depth = self.rng.depth
             for x in xs:
                 self.seen[x] = (depth, calls)
             if is_target and self.cut:
                 self.boundary(xs, n)
-        elif is_target:
-            k = max(len(x) for x in xs) - len(self.prompt)  # the drafts a first target call verifies
-            if k > budget and self.budget_rule:
-                raise _PastBudget(k, budget)
-            if k >= budget and k - budget >= self.drafted[0] - self.drafted[1]:
-                self.drafted = (k, budget)
         if is_target:
             self.target_calls = calls + 1
+
+    def against_budget(self, xs: list[tuple[int, ...]], n: int, calls: int, budget: int) -> None:
+        """Every target call, each round's, not only the run's first: its longest prefix holds the tokens emitted
+        before the round and the round's drafts, so a prefix more than ``budget`` tokens past the run's prompt
+        verifies a draft that can never be emitted (k > tokens left).  The first call's drafts are all of them (it
+        may score more positions, as a KV cache filling on the prompt does); a later one's, its last n - 1 tokens
+        (``target([prompt + out + drafts], n=k + 1)``).  Without this, the rounds after the first of a run played
+        out whole (run by run: ``merge=False``, a sampler that declares markov=False) went unchecked."""
+        past = max(len(x) for x in xs) - len(self.prompt)  # tokens emitted before the round + its drafts
+        k = past if not calls else max(min(n - 1, past), past - budget)  # the drafts: k > left iff past > budget
+        left = budget - (past - k)  # the tokens the round may still emit
+        if k > left and self.budget_rule:
+            raise _PastBudget(k, left)
+        if k >= left and k - left >= self.drafted[0] - self.drafted[1]:
+            self.drafted = (k, left)
 
     def boundary(self, xs: list[tuple[int, ...]], n: int) -> None:
         """A target call after the first: its prefixes' common head (all but the last n - 1 tokens) names
