@@ -43,6 +43,17 @@ def synthetic(change: float, pairs: int, rounds: int, pair_sd: float, round_sd: 
     return compare.Result("bench_x.C.time_f", (), a=list(a), b=list(b), pairs=list(pair_of))
 
 
+def alarms(change: float) -> tuple[str, ...]:
+    """The verdicts that count against a design at ``change``: slower, or at 0 (a false alarm) slower or faster."""
+    return ("slower",) if change else ("slower", "faster")
+
+
+def from_pair_logs(logs) -> compare.Result:
+    """A comparison of one round per pair whose rounds' log ratios are ``logs``: judged as the pairs' estimates."""
+    return compare.Result("bench_x.C.time_f", (), a=[1.0] * len(logs), b=[math.exp(x) for x in logs],
+                          pairs=list(range(len(logs))))
+
+
 def rates(pairs: int, rounds: int, floor: float, first_look: int, pair_sd: float, round_sd: float, n: int,
           seed: int) -> dict:
     """{change: (share of n synthetic comparisons called slower -- at 0, slower or faster --, the mean pairs they
@@ -52,9 +63,8 @@ def rates(pairs: int, rounds: int, floor: float, first_look: int, pair_sd: float
     rng = np.random.default_rng(seed)
     out = {}
     for change in (0.05, 0.10, 0.0):
-        alarm = ("slower",) if change else ("slower", "faster")
         runs = [judged(synthetic(change, pairs, rounds, pair_sd, round_sd, rng), floor, first_look) for _ in range(n)]
-        out[change] = (sum(verdict in alarm for verdict, _ in runs) / n, float(np.mean([p for _, p in runs])))
+        out[change] = (sum(verdict in alarms(change) for verdict, _ in runs) / n, float(np.mean([p for _, p in runs])))
     return out
 
 
@@ -78,13 +88,10 @@ def rejudged(tally: dict) -> dict[str, dict]:
     that measured the tally, since every pair it looks at was measured."""
     out = {}
     for fraction, t in tally["fractions"].items():
-        alarm = ("slower", "faster") if float(fraction) == 0 else ("slower",)
         called, pairs, seconds = 0, [], []
         for logs, spent in zip(t["pair_logs"], t["seconds"], strict=True):
-            r = compare.Result("bench_x.C.time_f", (), a=[1.0] * len(logs), b=[math.exp(x) for x in logs],
-                               pairs=list(range(len(logs))))
-            verdict, used = judged(r, tally["design"]["min_effect"], tally["design"]["first_look"])
-            called += verdict in alarm
+            verdict, used = judged(from_pair_logs(logs), tally["design"]["min_effect"], tally["design"]["first_look"])
+            called += verdict in alarms(float(fraction))
             pairs.append(used)
             seconds.append(spent * used / len(logs))
         out[fraction] = {"called": called, "n": t["n"], "pairs": sum(pairs) / len(pairs),
@@ -103,11 +110,9 @@ def resampled(tally: dict, n: int, seed: int = 0) -> dict[str, tuple[float, int,
         pool = np.array([x for logs in t["pair_logs"] for x in logs])
         if not len(pool):
             continue
-        alarm = ("slower", "faster") if float(fraction) == 0 else ("slower",)
         pairs = tally["design"]["pairs"]
-        called = sum(compare.judge(compare.Result("bench_x.C.time_f", (), a=[1.0] * pairs,
-                                                  b=list(np.exp(rng.choice(pool, pairs))),
-                                                  pairs=list(range(pairs)))).verdict in alarm for _ in range(n))
+        called = sum(compare.judge(from_pair_logs(rng.choice(pool, pairs))).verdict in alarms(float(fraction))
+                     for _ in range(n))
         out[fraction] = (called / n, t["n"], len(pool))
     return out
 
