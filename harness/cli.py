@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     mu.add_argument("--seed", type=int, default=0, help="--machine-made: the sample's seed")
     mu.add_argument("--plan", metavar="FILE", help="--machine-made: judge the mutants of an earlier run's plan.json "
                     "(the same mutants again, after a fix)")
+    mu.add_argument("--confirm", action="append", default=[], metavar="RESULTS", help="--machine-made: judge "
+                    "again, in --profile, every mutant these results.jsonl files record killed, its earlier killers "
+                    "first and its original on each property first (later files replace earlier records)")
     _common(mu)
     mu.set_defaults(func=cmd_mutants)
 
@@ -380,9 +383,15 @@ def check(technique: str, *, names: list[str], plugins: list[str], properties: l
 
 
 def cmd_mutants(args) -> int:
+    if args.confirm and not args.machine_made:
+        raise UsageError("--confirm: expected with --machine-made DIR (the folder its results go to)")
     if args.machine_made:
         from llm_inference_harness.engine import mutation
 
+        if args.confirm:
+            return mutation.run_confirm(Path(args.machine_made), [Path(p) for p in args.confirm],
+                                        techniques=[args.technique] if args.technique else None,
+                                        profile=args.profile, jobs=args.jobs)
         return mutation.run(Path(args.machine_made), techniques=[args.technique] if args.technique else None,
                             per_stratum=args.sample, seed=args.seed, profile=args.profile, jobs=args.jobs,
                             plan=Path(args.plan) if args.plan else None)

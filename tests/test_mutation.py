@@ -134,3 +134,49 @@ def test_an_implementation_is_attributed_to_the_file_that_registers_it(tmp_path,
     assert made[("speculative", "elsewhere")].fn.__module__ == "sampler_class_elsewhere"
     assert made[("speculative", "elsewhere")].source == "registers_a_sampler"
     assert made[("speculative", "declared")].source == "somewhere.else"  # a helper names the file it registers for
+
+
+def test_kills_are_confirmed_a_property_at_a_time_in_a_stronger_profile(block_manager_subjects, tmp_path):
+    """`confirm` judges each earlier kill again: the property that covers most of a file's kills first, each on the
+    unmutated file first; a mutant its earlier killers no longer kill, or whose killers the original now fails, is
+    judged on every property; a second call judges nothing again."""
+    simple = block_manager_subjects["impls/block_manager/simple.py"]
+    a, b, c = (mutant(simple, "if not seq.swapped:", "if not not seq.swapped:"),
+               mutant(simple, f"b, h = self.evictable.popitem(last=False){EVICT}",
+                      f"b, h = self.evictable.popitem(last=True){EVICT}"),
+               mutant(simple, "if seq.swapped:", "if not seq.swapped:"))
+    everything = ("p1", "p2", "p3", "p4")
+
+    def record(m, fails, props=everything):
+        return {"key": f"{m.id}@simple", "id": m.id, "path": m.subject.path, "operator": m.operator,
+                "occurrence": m.occurrence, "technique": "block_manager", "impl": "simple",
+                **M.changed_line(m.subject.path, m.source()),
+                "verdicts": [{"property": p, "status": "FAIL" if p in fails else "pass", "message": ""} for p in props]}
+
+    original = M.Mutation(simple, M.ORIGINAL, 0, a.judged)
+    prior = [record(original, {"p4"}), record(a, {"p1", "p2"}), record(b, {"p2"}), record(c, {"p1", "p4"})]
+    fails = {original.id: {"p1"}, a.id: {"p2"}, b.id: {"p3"}, c.id: {"p2"}}  # in the stronger profile
+
+
+    def executor(units):
+        for u in units:
+
+            mid = u.key.split("@")[0]
+            props = u.properties or everything
+            yield M.UnitResult(u.key, [{"property": p, "status": "FAIL" if p in fails[mid] else "pass",
+                                        "message": ""} for p in props], 1.0, "here")
+
+    records = M.confirm(prior, tmp_path, profile="ci", executor=executor, log=lambda line: None)
+    name = {original.id: "original", a.id: "a", b.id: "b", c.id: "c"}
+    order = [(name[k.split("@")[0]], k.split("#")[1]) for k in (r["key"] for r in records)]
+    assert order == [("original", "p1+p2"), ("original", "all"), ("a", "p2"), ("b", "p2"), ("c", "all"), ("b", "all")]
+    summary = M.summarize(records, [])
+    assert {name[i]: sorted(m["killers"]) for i, m in summary["mutants"].items()} == {
+        "a": ["p2"], "b": ["p3"], "c": ["p2"]}
+    assert summary["techniques"]["block_manager"]["killed"] == 3
+
+    def nothing_again(units):
+        assert not units, f"judged again: {[u.key for u in units]}"
+        return iter(())
+
+    assert len(M.confirm(prior, tmp_path, profile="ci", executor=nothing_again, log=lambda line: None)) == 6

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from llm_inference_harness.engine import inputs, isolation, outputs, runner
@@ -304,9 +304,14 @@ def changed_line(path: str, text: str | None) -> dict:
 
 
 def failing_originals(records: Iterable[dict]) -> dict[tuple[str, str], set[str]]:
-    """(path, implementation) -> the properties its unmutated text fails: no evidence against a mutant of it."""
-    return {(r["path"], r["impl"]): {v["property"] for v in r["verdicts"] if v["status"] in ("FAIL", "stale")}
-            for r in records if r["operator"] == ORIGINAL}
+    """(path, implementation) -> the properties its unmutated text fails: no evidence against a mutant of it (over
+    all its records: `confirm` judges an original a few properties at a time)."""
+    broken: dict[tuple[str, str], set[str]] = {}
+    for r in records:
+        if r["operator"] == ORIGINAL:
+            broken.setdefault((r["path"], r["impl"]), set()).update(
+                v["property"] for v in r["verdicts"] if v["status"] in ("FAIL", "stale"))
+    return broken
 
 
 def outcome(record: dict, broken: set[str] = frozenset()) -> str:
@@ -504,3 +509,165 @@ def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40
     outputs.write_text(out / "report.md", text)
     log(text)
     return 0 if all(r["score"] is None or r["score"] >= GOAL for r in summary["techniques"].values()) else 1
+
+
+# --- the same kills in a stronger profile ------------------------------------------------------------------------
+def earlier_kills(prior: Iterable[dict]) -> list[tuple[dict, list[str]]]:
+    """One record per mutant an earlier run killed (a later record of a unit replaces an earlier one: a run judged
+    again after a fix), each with the properties that killed it."""
+    latest = {r["key"]: r for r in prior}
+    broken = failing_originals(latest.values())
+    kills: dict[str, tuple[dict, list[str]]] = {}
+    for r in latest.values():
+        bad = broken.get((r["path"], r["impl"]), set())
+        if r["operator"] != ORIGINAL and r["id"] not in kills and outcome(r, bad) == "killed":
+            kills[r["id"]] = (r, [v["property"] for v in r["verdicts"]
+                                  if v["status"] in ("FAIL", "stale") and v["property"] not in bad])
+    return list(kills.values())
+
+
+def cover_order(killers: Iterable[Iterable[str]]) -> list[str]:
+    """The properties a greedy set cover takes, in order: each next one kills the most mutants no earlier one
+    kills (ties by name)."""
+    left, order = [set(k) for k in killers], []
+    while any(left):
+        best = max(sorted({p for k in left for p in k}), key=lambda p: sum(p in k for k in left))
+        order.append(best)
+        left = [k for k in left if best not in k]
+    return order
+
+
+ALL = "all"  # a unit of every property (the key's suffix)
+ORIGINAL_LIMIT_S = 3600.0  # an unmutated file's check: a few properties of a profile of many examples
+
+
+def confirm(prior: Iterable[dict], out: Path, *, profile: str = "thorough", techniques: Iterable[str] | None = None,
+            executor: Executor | None = None, jobs: int = 1, limit_factor: float = 4.0,
+            log: Callable[[str], None] = print) -> list[dict]:
+    """Judge again in ``profile`` each mutant an earlier run killed (`earlier_kills`), a property at a time: its
+    earlier killers, in the order that covers its file's mutants with the fewest properties (`cover_order`), each
+    judged first on the unmutated file (a property the original fails in this profile is no evidence).  Killed at
+    the first that its original passes and it fails; one that none of them kills is judged on every property.  A
+    property that passes runs every example, so in a profile of many examples this costs each original a few
+    properties, not each mutant every property.  Resumes what ``out`` holds; returns its records."""
+    from llm_inference_harness.engine.profiles import load
+
+    load(profile)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.jsonl"
+    done = {r["key"]: r for r in read_results(path)}
+    executor = executor or (lambda units: run_here(units, jobs=jobs))
+    todo = _confirmable(earlier_kills(prior), set(techniques) if techniques else None, log)
+    while True:
+        originals_needed: dict[Mutation, set[str]] = {}
+        mutants_needed: list[tuple[Mutation, str, str]] = []
+        for m, candidates in todo:
+            kind, prop = _next_step(m, candidates, done)
+            if kind == "original":
+                originals_needed.setdefault(Mutation(m.subject, ORIGINAL, 0, m.judged), set()).add(prop)
+            elif kind == "mutant":
+                mutants_needed.append((m, m.source() or "", prop))
+        if not originals_needed and not mutants_needed:
+            return list(done.values())
+        if originals_needed:  # first: a property its original fails is no evidence, and it sets the mutant's limit
+            units = {_unit(o, o.source() or "", profile, props, ORIGINAL_LIMIT_S): o
+                     for o, props in originals_needed.items()}
+        else:
+            units = {_unit(m, text, profile, {prop}, limit_factor * _original_seconds(m, prop, done) + 60.0): m
+                     for m, text, prop in mutants_needed}
+        _judge_units(list(units), {u.key: m for u, m in units.items()}, executor, done, path, log)
+
+
+def _confirmable(kills: list[tuple[dict, list[str]]], techniques: set[str] | None,
+                 log: Callable[[str], None]) -> list[tuple[Mutation, list[str]]]:
+    """Each earlier kill as a mutation of the file as it is now, with its killers in its file's cover order; one
+    whose file changed since (the mutation now changes another line) is left out, said in the log."""
+    kills = [(r, k) for r, k in kills if techniques is None or r["technique"] in techniques]
+    by_path = {s.path: s for s in subjects({r["technique"] for r, _ in kills})}
+    orders = {key: cover_order(k for r, k in kills if (r["path"], r["impl"]) == key)
+              for key in {(r["path"], r["impl"]) for r, _ in kills}}
+    todo = []
+    for r, killers in kills:
+        m = Mutation(by_path[r["path"]], r["operator"], r["occurrence"], (r["technique"], r["impl"]))
+        if {k: changed_line(r["path"], m.source())[k] for k in ("before", "after")} != {
+                "before": r["before"], "after": r["after"]}:
+            log(f"left out: {m.id} no longer changes `{r['before']}` into `{r['after']}` (its file changed)")
+            continue
+        order = orders[(r["path"], r["impl"])]
+        todo.append((m, sorted(killers, key=lambda p: (order.index(p) if p in order else len(order), p))))
+    return todo
+
+
+def _next_step(m: Mutation, candidates: list[str], done: dict) -> tuple[str, str]:
+    """What ``m`` waits for: ("original", property), ("mutant", property), or ("decided", "")."""
+    name = m.judged[1]
+    verdicts: dict[str, str] = {}  # property -> its status on the original, in this profile
+    for r in done.values():
+        if r["operator"] == ORIGINAL and (r["path"], r["impl"]) == (m.subject.path, name):
+            verdicts.update((v["property"], v["status"]) for v in r["verdicts"])
+    for prop in candidates:
+        if prop not in verdicts:
+            return "original", prop
+        if verdicts[prop] != "pass":
+            continue
+        record = done.get(f"{m.id}@{name}#{prop}")
+        if record is None:
+            return "mutant", prop
+        if record["outcome"] == "killed":
+            return "decided", ""
+    if not any(k.startswith(f"{m.subject.path}:{ORIGINAL}:0@{name}#") and k.endswith(f"#{ALL}") for k in done):
+        return "original", ALL
+    return ("decided", "") if f"{m.id}@{name}#{ALL}" in done else ("mutant", ALL)
+
+
+def _unit(m: Mutation, text: str, profile: str, props: set[str], limit_s: float) -> CheckUnit:
+    properties = () if ALL in props else tuple(sorted(props))
+    unit = unit_of(m, text, profile=profile, limit_s=round(limit_s), properties=properties)
+    return replace(unit, key=f"{unit.key}#{'+'.join(properties) or ALL}")
+
+
+def _original_seconds(m: Mutation, prop: str, done: dict) -> float:
+    """The time of the original's unit that judged ``prop`` (a few properties: a generous bound for one)."""
+    prefix = f"{m.subject.path}:{ORIGINAL}:0@{m.judged[1]}#"
+    return max((r["seconds"] for k, r in done.items() if k.startswith(prefix) and (
+        prop == ALL and k.endswith(f"#{ALL}") or any(v["property"] == prop for v in r["verdicts"]))), default=60.0)
+
+
+def _judge_units(units: list[CheckUnit], mutations: dict[str, Mutation], executor: Executor, done: dict, path: Path,
+                 log: Callable[[str], None]) -> None:
+    """Judge ``units`` (each of ``mutations[unit.key]``), appending each record to ``path`` and ``done``."""
+    broken = failing_originals(done.values())
+    started = time.perf_counter()
+    for k, result in enumerate(executor(units), 1):
+        m = mutations[result.key]
+        record = {"id": m.id, "path": m.subject.path, "operator": m.operator, "occurrence": m.occurrence,
+                  "technique": m.judged[0], "impl": m.judged[1], **changed_line(m.subject.path, m.source()),
+                  **asdict(result)}
+        record["outcome"] = outcome(record, broken.get((record["path"], record["impl"]), set()))
+        done[result.key] = _append(path, record)
+        rate = k / (time.perf_counter() - started) * 60
+        log(f"[{k}/{len(units)}] {record['outcome']:<9} {result.key} ({result.seconds:.0f} s, {rate:.2f}/min)")
+
+
+def run_confirm(out: Path, prior: list[Path], *, techniques: list[str] | None = None, profile: str = "thorough",
+                jobs: int = 1, executor: Executor | None = None, log: Callable[[str], None] = print) -> int:
+    """`confirm` the kills recorded in ``prior`` (results.jsonl files, later ones replacing earlier records of a
+    unit), then write summary.json and report.md; 0 when every one of them is killed again."""
+    from llm_inference_harness.engine import provenance
+
+    records = [r for p in prior for r in read_results(p)]
+    if not records:
+        raise inputs.BadFile(prior[0] if prior else out, "holds no results: nothing to confirm")
+    started, before = time.perf_counter(), len(read_results(out / "results.jsonl"))
+    records = confirm(records, out, profile=profile, techniques=techniques, executor=executor, jobs=jobs, log=log)
+    if (units := len(records) - before) > 0:
+        _append(out / "runs.jsonl", {"seconds": round(time.perf_counter() - started, 1), "units": units,
+                                     "jobs": jobs, **provenance.run_info(profile)})
+    summary = summarize(records, triage(TRIAGE))
+    runs = read_results(out / "runs.jsonl")
+    outputs.write_text(out / "summary.json", json.dumps(summary, indent=1))
+    text = report(summary, title=f"The kills of {', '.join(map(str, prior))} judged again, profile {profile}",
+                  seconds=sum(r["seconds"] for r in runs), units=sum(r["units"] for r in runs))
+    outputs.write_text(out / "report.md", text)
+    log(text)
+    return 0 if all(row["survived"] == 0 for row in summary["techniques"].values()) else 1
