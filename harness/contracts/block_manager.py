@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_inference_harness.contracts import Rule, Technique, define
+from llm_inference_harness.engine.boundary import Reply
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call, is_remote
 
@@ -243,9 +244,7 @@ class Observed:
         self._deferred = False  # inside `deferred`: changes that return nothing are sent without waiting
         self._pending: collections.deque = collections.deque()  # their tickets, oldest first
 
-    def __getattr__(self, name: str) -> Any:
-        if name in QUERIES:
-            return lambda *args: self._query(name, args)
+    def __getattr__(self, name: str) -> Any:  # the queries are methods of the class (`_query_method`)
         method = getattr(self._m, name)
         if not callable(method):
             return method
@@ -267,11 +266,7 @@ class Observed:
             self._answers = {}  # a failure to reply leaves no answer of the state before
             reply = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot.values()],
                                               self._limit, then=settle)[0]
-            if reply.kind == "raised":
-                raise reply.error
-            if reply.kind != "ok":
-                raise ContractViolation(reply.payload)
-            return reply.value
+            return _value(reply)
 
         return changes
 
@@ -283,10 +278,11 @@ class Observed:
         self._answers = {}  # a failure to reply leaves no answer of the state before
         replies = self._m.process.call_many(self._m.handle, list(calls), self._limit)
         self._next_state(None)  # the next query brings the snapshot of the state after
-        violation = next((r for r in replies if r.kind not in ("ok", "raised")), None)
+        violation = next((r for r in replies if type(r) is Reply and r.kind not in ("ok", "raised")), None)
         if violation is not None:
             raise ContractViolation(violation.payload)
-        return [(True, r.value) if r.kind == "ok" else (False, _raised(r.error)) for r in replies]
+        return [(True, r) if type(r) is not Reply else (True, r.value) if r.kind == "ok" else (False, _raised(r.error))
+                for r in replies]
 
     def prefetch(self, calls: list[tuple[str, tuple]]) -> None:
         """The answers of these queries in this state, those not known yet in one message."""
@@ -329,7 +325,7 @@ class Observed:
         failed = None
         for _ in range(len(self._pending) if n is None else min(n, len(self._pending))):
             reply = self._m.process.finish_many(self._pending.popleft())[0]
-            if reply.kind != "ok" and failed is None:
+            if type(reply) is Reply and reply.kind != "ok" and failed is None:
                 failed = reply
         if failed is not None:
             self._collect()
@@ -337,19 +333,17 @@ class Observed:
 
     def _query(self, name: str, args: tuple) -> Any:
         key = _key(name, args)
-        if self._pending or self._answers is None or key not in self._answers:
+        answers = self._answers
+        if self._pending or answers is None or key not in answers:
             self._known({key: (name, args)})
+            answers = self._answers
         if name == "lookup_prefix" and len(args) == 1 and isinstance(args[0], list | tuple):
             self._lookups.pop(key[1][0], None)
             self._lookups[key[1][0]] = None
         if self._asked is not None:
             self._asked[key] = (name, args)
-        reply = self._answers[key]
-        if reply.kind == "raised":
-            raise reply.error
-        if reply.kind != "ok":
-            raise ContractViolation(reply.payload)
-        return list(reply.value) if isinstance(reply.value, list) else reply.value  # the caller's own list
+        value = _value(answers[key])
+        return list(value) if type(value) is list else value  # the caller's own list
 
     def _forget(self, seq: Any) -> None:
         self._seqs.pop(seq, None)
@@ -380,6 +374,18 @@ class Observed:
     def _fetch(self, calls: dict) -> dict:
         return dict(zip(calls, self._m.process.call_many(self._m.handle, list(calls.values()), self._limit),
                         strict=True))
+
+
+def _query_method(name: str) -> Any:
+    def query(self: Observed, *args: Any) -> Any:
+        return self._query(name, args)
+
+    query.__name__ = query.__qualname__ = name
+    return query
+
+
+for _name in QUERIES:  # methods, not looked up through __getattr__ and made anew at each of ~10^5 queries
+    setattr(Observed, _name, _query_method(_name))
 
 
 def run_calls(manager: Any, calls: list[tuple[str, tuple]]) -> list[tuple[bool, Any]]:
@@ -417,8 +423,24 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _value(answer: Any) -> Any:
+    """What a call answered (`PluginProcess.call_many`): a plain value as it came, else its `Reply`'s value, or what
+    it raised raised here."""
+    if type(answer) is not Reply:
+        return answer
+    if answer.kind == "raised":
+        raise answer.error
+    if answer.kind != "ok":
+        raise ContractViolation(answer.payload)
+    return answer.value
+
+
 def _key(name: str, args: tuple) -> tuple:
-    if not args or len(args) == 1 and type(args[0]) is not list:  # ref_count(b), num_free_blocks(): ~10^5 a program
+    if len(args) == 1:
+        if type(args[0]) is not list:  # ref_count(b): ~10^5 a program
+            return name, args
+        return name, (tuple(args[0]),)  # lookup_prefix(tokens): ~3 10^4
+    if not args:
         return name, args
     return name, tuple(tuple(a) if type(a) is list else a for a in args)
 

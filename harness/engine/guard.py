@@ -143,9 +143,9 @@ def guarded_call(
     lists = [(path, seq, list(seq)) for path, seq in found if isinstance(seq, list)]  # a prompt kept by reference
     configs = list(_configs(found))
     known = known_state[0] if known_state else None
-    state = known[1] if known is not None and known[0] == owns_torch_rng else _state(owns_torch_rng)
+    state = known[1] if known is not None and known[0] == owns_torch_rng else global_state(owns_torch_rng)
     box = _timed(fn, args, kwargs, key, timeout_s)
-    after = _state(owns_torch_rng)
+    after = global_state(owns_torch_rng)
     if known_state is not None:
         known_state[0] = (owns_torch_rng, after)
     if "exc" in box:
@@ -331,14 +331,10 @@ STATE_NAMES = ("torch default dtype", "torch default device", "grad mode", "torc
                "torch global RNG")
 
 
-def global_state(owns_torch_rng: bool = False) -> dict[str, Any]:
-    """Process-wide settings and RNG states a call could change behind its caller's back."""
-    return _named(_state(owns_torch_rng))
-
-
-def _state(owns_torch_rng: bool) -> tuple:
-    """`global_state` as a tuple of atoms, strings and bytes in the order of `STATE_NAMES` (the torch RNG left out
-    when the call owns it): two are compared with one ``==`` (a guarded call compares two, ~10^4 a state machine)."""
+def global_state(owns_torch_rng: bool = False) -> tuple:
+    """Process-wide settings and RNG states a call could change behind its caller's back, in the order of
+    `STATE_NAMES` (the torch RNG left out when the call owns it): atoms, strings and bytes, so that two are compared
+    with one ``==`` (a guarded call compares two, ~10^4 a state machine); `changed_state` names what changed."""
     state = (torch.get_default_dtype(), _default_device(), torch.is_grad_enabled(), torch.get_num_threads(),
              torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(), _numpy_rng(),
              _python_rng())
