@@ -286,7 +286,7 @@ class Observed:
 
     def prefetch(self, calls: list[tuple[str, tuple]]) -> None:
         """The answers of these queries in this state, those not known yet in one message."""
-        self._known({_key(*call): call for call in calls})
+        self._known(_keyed(calls))
 
     def _known(self, wanted: dict) -> None:
         """Every query of ``wanted`` ({key: (name, args)}) answered in this state: the deferred changes collected
@@ -309,7 +309,7 @@ class Observed:
 
     def expect(self, calls: list[tuple[str, tuple]]) -> None:
         """These queries come back with the next change's snapshot."""
-        self._expected.update({_key(*call): call for call in calls})
+        self._expected.update(_keyed(calls))
 
     def _next_state(self, answers: dict | None) -> None:
         """A change was made: the queries asked in the state before join the window, but its lookups (a lookup
@@ -332,7 +332,7 @@ class Observed:
             raise failed.error if failed.kind == "raised" else ContractViolation(failed.payload)
 
     def _query(self, name: str, args: tuple) -> Any:
-        key = _key(name, args)
+        key = (name, args) if len(args) == 1 and type(args[0]) is not list else _key(name, args)
         answers = self._answers
         if self._pending or answers is None or key not in answers:
             self._known({key: (name, args)})
@@ -342,7 +342,9 @@ class Observed:
             self._lookups[key[1][0]] = None
         if self._asked is not None:
             self._asked[key] = (name, args)
-        value = _value(answers[key])
+        value = answers[key]
+        if type(value) is Reply:
+            value = _value(value)
         return list(value) if type(value) is list else value  # the caller's own list
 
     def _forget(self, seq: Any) -> None:
@@ -366,7 +368,7 @@ class Observed:
                 calls += [("ref_count", (b,)) for b in range(self._blocks)]
             recent = list(self._lookups)[-RECENT_LOOKUPS:]
             calls += [(q, (s,)) for s in self._seqs for q in SEQ_QUERIES]
-            snapshot = {_key(*call): call for call in calls + [("lookup_prefix", (list(t),)) for t in recent]}
+            snapshot = _keyed(calls + [("lookup_prefix", (list(t),)) for t in recent])
         snapshot.update(self._expected)
         self._expected = {}
         return snapshot
@@ -377,7 +379,17 @@ class Observed:
 
 
 def _query_method(name: str) -> Any:
+    plain = name != "lookup_prefix"  # a lookup also joins the recent lookups (`Observed._query`)
+
     def query(self: Observed, *args: Any) -> Any:
+        answers = self._answers
+        if plain and answers is not None and not self._pending and len(args) == 1 and type(args[0]) is not list:
+            key = (name, args)  # `_key`
+            value = answers.get(key, answers)  # the dict itself: not an answer
+            if value is not answers and type(value) is not Reply:  # answered in this state, a plain value
+                if self._asked is not None:
+                    self._asked[key] = key
+                return list(value) if type(value) is list else value  # the caller's own list
         return self._query(name, args)
 
     query.__name__ = query.__qualname__ = name
@@ -433,6 +445,17 @@ def _value(answer: Any) -> Any:
     if answer.kind != "ok":
         raise ContractViolation(answer.payload)
     return answer.value
+
+
+def _keyed(calls: list[tuple[str, tuple]]) -> dict:
+    """{`_key`: call} of each ``(name, args)``: the call itself where it is its key (no list among its arguments;
+    ~10^5 a machine program)."""
+    out = {}
+    for call in calls:
+        args = call[1]
+        plain = type(call) is tuple and len(call) == 2 and (not args or len(args) == 1 and type(args[0]) is not list)
+        out[call if plain else _key(call[0], args)] = call
+    return out
 
 
 def _key(name: str, args: tuple) -> tuple:

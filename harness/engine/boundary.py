@@ -239,7 +239,7 @@ class PluginProcess:
 
     def post_many(self, handle: int, calls: list[tuple], timeout_s: float) -> tuple:
         """`call_many`'s message sent; `finish_many` collects its replies (later messages may be sent meanwhile)."""
-        groups, sizes = [], []
+        groups: list[tuple] = []
         each_method, each_items, encoder = None, [], None  # the last group, when a single argument may join it
         for call in calls:
             method, args = call[0], call[1]
@@ -254,22 +254,19 @@ class PluginProcess:
                     item = ("L", a)  # as `wire.Encoder` sends it; pickled before this returns
             elif not kwargs and not args:  # a count
                 groups.append((method, "none"))
-                sizes.append(1)
                 each_method = None
                 continue
             if item is not None:
                 if method == each_method:
                     each_items.append(item)
-                    sizes[-1] += 1
                 else:
                     each_method, each_items = method, [item]
                     groups.append((method, "each", each_items))
-                    sizes.append(1)
                 continue
             encoder = encoder or wire.Encoder(self.handle_of, None)
             groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(kwargs or {}))))
-            sizes.append(1)
             each_method = None
+        sizes = [len(g[2]) if g[1] == "each" else 1 for g in groups]
         return self.post(("many", handle, groups, timeout_s)), len(calls), sizes, timeout_s
 
     def finish_many(self, ticket: tuple, then: Callable[[list], None] | None = None) -> list:

@@ -188,17 +188,21 @@ class Server:
         """The caller owns the lists it hands over: one the implementation kept and changed in a later call shows
         here (in-process the caller's own list would have changed).  Remembers this call's lists; '' if none of
         the earlier ones changed."""
-        watched = collections.deque(maxlen=HANDED)
-        for kept, items, where in self.handed:
-            if sys.getrefcount(kept) <= 3:  # this record, the loop, the call: nothing else holds it to change it
-                continue
-            watched.append((kept, items, where))
-            if len(kept) != len(items) or tuple(kept) != items:
-                shown = repr(list(items))[:200], repr(kept)[:200]
-                return (f"the list {shown[0]} handed to {where} became {shown[1]}: the implementation kept the "
-                        "caller's list and changed it (inputs must be left unchanged; copy a list before keeping it)")
-        self.handed = watched
-        self.handed.extend((a, tuple(a), method) for a in args if type(a) is list and len(a) <= HANDED_ITEMS)
+        if self.handed:
+            watched = collections.deque(maxlen=HANDED)
+            for kept, items, where in self.handed:
+                if sys.getrefcount(kept) <= 3:  # this record, the loop, the call: nothing else holds it to change it
+                    continue
+                watched.append((kept, items, where))
+                if len(kept) != len(items) or tuple(kept) != items:
+                    shown = repr(list(items))[:200], repr(kept)[:200]
+                    return (f"the list {shown[0]} handed to {where} became {shown[1]}: the implementation kept the "
+                            "caller's list and changed it (inputs must be left unchanged; copy a list before keeping "
+                            "it)")
+            self.handed = watched
+        for a in args:
+            if type(a) is list and len(a) <= HANDED_ITEMS:
+                self.handed.append((a, tuple(a), method))
         return ""
 
     def many(self, handle: int, groups: list, timeout_s: float) -> list:
