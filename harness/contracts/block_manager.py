@@ -258,7 +258,7 @@ class Observed:
                     self._collect(1)
                 return None
             self._collect()
-            snapshot = self._snapshot(args)
+            snapshot = self._snapshot(name, args)
 
             def settle(replies: list) -> None:  # before the storage's calls are replayed: it may ask the counts
                 self._next_state(dict(zip(snapshot, replies[1:], strict=True)))
@@ -301,7 +301,7 @@ class Observed:
 
     def _note_change(self, name: str, args: tuple) -> None:
         """The sequences a change names (their queries join the snapshots); a freed one's are dropped."""
-        for a in args[:2]:
+        for a in _sequences(name, args):
             if is_int(a):
                 self._seqs.setdefault(a)
         if name == "free" and args:
@@ -353,12 +353,13 @@ class Observed:
             for key in [k for k in asked if k[0] in SEQ_QUERIES and k[1] == (seq,)]:
                 del asked[key]
 
-    def _snapshot(self, args: tuple = ()) -> dict:
+    def _snapshot(self, name: str = "", args: tuple = ()) -> dict:
         """{key: (name, args)}: before the first change, everything known (`SNAPSHOT_BLOCKS`); after it, the queries
         the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones);
         and those it said it expects (`expect`)."""
         if self._asked is not None:
-            snapshot = {(q, (a,)): (q, (a,)) for a in args[:2] if is_int(a) for q in SEQ_QUERIES}  # a new sequence's
+            snapshot = {(q, (a,)): (q, (a,)) for a in _sequences(name, args) if is_int(a)  # a new sequence's
+                        for q in SEQ_QUERIES}
             for asked in self._window:
                 snapshot.update(asked)
             snapshot.update(self._asked)
@@ -429,6 +430,11 @@ def expect(manager: Any, calls: list[tuple[str, tuple]]) -> None:
     for a caller that will ask them right after it; another manager, nothing to do."""
     if isinstance(manager, Observed):
         manager.expect(calls)
+
+
+def _sequences(name: str, args: tuple) -> tuple:
+    """The arguments of a change that name sequences: fork's two, another's first (append's second is a token)."""
+    return args[:2] if name == "fork" else args[:1]
 
 
 def _raised(exc: BaseException) -> str:
