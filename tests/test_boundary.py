@@ -156,3 +156,68 @@ def test_honest_implementations_get_the_same_verdicts_both_ways(technique, monke
     monkeypatch.setenv(TRUSTED_IN_PROCESS, "1")
     assert statuses() == isolated
     assert "pass" in isolated.values(), f"{technique}: nothing passed here: {isolated}"
+
+
+BATCHED_MANAGERS = '''
+import random
+
+from llm_inference_harness.impls.block_manager.simple import SimpleBlockManager
+
+
+class MovesTheRngInRefCount(SimpleBlockManager):
+    def ref_count(self, block):
+        random.random()
+        return super().ref_count(block)
+
+
+class KeepsALookupsTokens(SimpleBlockManager):
+    kept = []
+
+    def lookup_prefix(self, tokens):
+        for earlier in self.kept:
+            earlier.append(0)  # the lists earlier lookups were handed
+        self.kept.append(tokens)
+        return super().lookup_prefix(tokens)
+'''
+
+
+def test_a_batch_of_queries_is_judged_call_by_call(tmp_path):
+    """`PluginProcess.call_many` sends runs of a query over single arguments as one list (counts, tables, lookups'
+    tokens), and plain answers come back as values: what each call did is still its own answer -- a global
+    state moved inside a run of ref_counts is every call's violation (as in-process), a lookup's list kept and
+    changed at the next lookup is seen, what a query raised is raised."""
+    from llm_inference_harness.contracts.block_manager import NullStorage, open_manager
+    from llm_inference_harness.engine.boundary import Reply
+    from llm_inference_harness.engine.guard import ContractViolation
+    from llm_inference_harness.engine.runner import Target, open_isolated
+
+    plugin = tmp_path / "batched.py"
+    plugin.write_text(BATCHED_MANAGERS)
+
+    def manager(target):
+        impl = open_isolated(target, one_thread=True)
+        return open_manager(impl, 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
+
+    m = manager(Target("block_manager", name="simple"))
+    process, handle = m._m.process, m._m.handle
+    m.allocate(1, [1, 2, 3, 4, 5])
+    answers = process.call_many(handle, [("ref_count", (b,)) for b in range(4)] + [
+        ("block_table", (1,)), ("lookup_prefix", ([1, 2, 3, 4, 5],)), ("num_free_blocks", ()), ("block_table", (7,))],
+        10.0)
+    assert answers[:7] == [1, 1, 0, 0, [0, 1], 4, 14], answers
+    assert type(answers[7]) is Reply and answers[7].kind == "raised" and isinstance(answers[7].error, KeyError)
+    assert m.block_table(1) == [0, 1] and m.num_free_blocks() == 14
+    with pytest.raises(KeyError):
+        m.block_table(7)
+    process.close()
+
+    m = manager(Target("block_manager", plugin=f"{plugin}:MovesTheRngInRefCount"))
+    with pytest.raises(ContractViolation, match="changed global state: python random RNG"):
+        [m.ref_count(b) for b in range(16)]
+    m._m.process.close()
+
+    m = manager(Target("block_manager", plugin=f"{plugin}:KeepsALookupsTokens"))
+    m.lookup_prefix([1, 2, 3, 4])
+    with pytest.raises(ContractViolation, match=r"the list \[1, 2, 3, 4\] handed to lookup_prefix became"):
+        m.lookup_prefix([5, 6, 7, 8])
+    m._m.process.close()

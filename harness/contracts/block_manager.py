@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llm_inference_harness.contracts import Rule, Technique, define
+from llm_inference_harness.engine.boundary import Reply
 from llm_inference_harness.engine.capabilities import Caps, cap
 from llm_inference_harness.engine.guard import ContractViolation, call_limit, guarded_call, is_remote
 
@@ -243,9 +244,7 @@ class Observed:
         self._deferred = False  # inside `deferred`: changes that return nothing are sent without waiting
         self._pending: collections.deque = collections.deque()  # their tickets, oldest first
 
-    def __getattr__(self, name: str) -> Any:
-        if name in QUERIES:
-            return lambda *args: self._query(name, args)
+    def __getattr__(self, name: str) -> Any:  # the queries are methods of the class (`_query_method`)
         method = getattr(self._m, name)
         if not callable(method):
             return method
@@ -259,7 +258,7 @@ class Observed:
                     self._collect(1)
                 return None
             self._collect()
-            snapshot = self._snapshot(args)
+            snapshot = self._snapshot(name, args)
 
             def settle(replies: list) -> None:  # before the storage's calls are replayed: it may ask the counts
                 self._next_state(dict(zip(snapshot, replies[1:], strict=True)))
@@ -267,11 +266,7 @@ class Observed:
             self._answers = {}  # a failure to reply leaves no answer of the state before
             reply = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot.values()],
                                               self._limit, then=settle)[0]
-            if reply.kind == "raised":
-                raise reply.error
-            if reply.kind != "ok":
-                raise ContractViolation(reply.payload)
-            return reply.value
+            return _value(reply)
 
         return changes
 
@@ -283,14 +278,15 @@ class Observed:
         self._answers = {}  # a failure to reply leaves no answer of the state before
         replies = self._m.process.call_many(self._m.handle, list(calls), self._limit)
         self._next_state(None)  # the next query brings the snapshot of the state after
-        violation = next((r for r in replies if r.kind not in ("ok", "raised")), None)
+        violation = next((r for r in replies if type(r) is Reply and r.kind not in ("ok", "raised")), None)
         if violation is not None:
             raise ContractViolation(violation.payload)
-        return [(True, r.value) if r.kind == "ok" else (False, _raised(r.error)) for r in replies]
+        return [(True, r) if type(r) is not Reply else (True, r.value) if r.kind == "ok" else (False, _raised(r.error))
+                for r in replies]
 
     def prefetch(self, calls: list[tuple[str, tuple]]) -> None:
         """The answers of these queries in this state, those not known yet in one message."""
-        self._known({_key(*call): call for call in calls})
+        self._known(_keyed(calls))
 
     def _known(self, wanted: dict) -> None:
         """Every query of ``wanted`` ({key: (name, args)}) answered in this state: the deferred changes collected
@@ -305,7 +301,7 @@ class Observed:
 
     def _note_change(self, name: str, args: tuple) -> None:
         """The sequences a change names (their queries join the snapshots); a freed one's are dropped."""
-        for a in args[:2]:
+        for a in _sequences(name, args):
             if is_int(a):
                 self._seqs.setdefault(a)
         if name == "free" and args:
@@ -313,7 +309,7 @@ class Observed:
 
     def expect(self, calls: list[tuple[str, tuple]]) -> None:
         """These queries come back with the next change's snapshot."""
-        self._expected.update({_key(*call): call for call in calls})
+        self._expected.update(_keyed(calls))
 
     def _next_state(self, answers: dict | None) -> None:
         """A change was made: the queries asked in the state before join the window, but its lookups (a lookup
@@ -329,27 +325,27 @@ class Observed:
         failed = None
         for _ in range(len(self._pending) if n is None else min(n, len(self._pending))):
             reply = self._m.process.finish_many(self._pending.popleft())[0]
-            if reply.kind != "ok" and failed is None:
+            if type(reply) is Reply and reply.kind != "ok" and failed is None:
                 failed = reply
         if failed is not None:
             self._collect()
             raise failed.error if failed.kind == "raised" else ContractViolation(failed.payload)
 
     def _query(self, name: str, args: tuple) -> Any:
-        key = _key(name, args)
-        if self._pending or self._answers is None or key not in self._answers:
+        key = (name, args) if len(args) == 1 and type(args[0]) is not list else _key(name, args)
+        answers = self._answers
+        if self._pending or answers is None or key not in answers:
             self._known({key: (name, args)})
+            answers = self._answers
         if name == "lookup_prefix" and len(args) == 1 and isinstance(args[0], list | tuple):
             self._lookups.pop(key[1][0], None)
             self._lookups[key[1][0]] = None
         if self._asked is not None:
             self._asked[key] = (name, args)
-        reply = self._answers[key]
-        if reply.kind == "raised":
-            raise reply.error
-        if reply.kind != "ok":
-            raise ContractViolation(reply.payload)
-        return list(reply.value) if isinstance(reply.value, list) else reply.value  # the caller's own list
+        value = answers[key]
+        if type(value) is Reply:
+            value = _value(value)
+        return list(value) if type(value) is list else value  # the caller's own list
 
     def _forget(self, seq: Any) -> None:
         self._seqs.pop(seq, None)
@@ -357,12 +353,13 @@ class Observed:
             for key in [k for k in asked if k[0] in SEQ_QUERIES and k[1] == (seq,)]:
                 del asked[key]
 
-    def _snapshot(self, args: tuple = ()) -> dict:
+    def _snapshot(self, name: str = "", args: tuple = ()) -> dict:
         """{key: (name, args)}: before the first change, everything known (`SNAPSHOT_BLOCKS`); after it, the queries
         the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones);
         and those it said it expects (`expect`)."""
         if self._asked is not None:
-            snapshot = {(q, (a,)): (q, (a,)) for a in args[:2] if is_int(a) for q in SEQ_QUERIES}  # a new sequence's
+            snapshot = {(q, (a,)): (q, (a,)) for a in _sequences(name, args) if is_int(a)  # a new sequence's
+                        for q in SEQ_QUERIES}
             for asked in self._window:
                 snapshot.update(asked)
             snapshot.update(self._asked)
@@ -372,7 +369,7 @@ class Observed:
                 calls += [("ref_count", (b,)) for b in range(self._blocks)]
             recent = list(self._lookups)[-RECENT_LOOKUPS:]
             calls += [(q, (s,)) for s in self._seqs for q in SEQ_QUERIES]
-            snapshot = {_key(*call): call for call in calls + [("lookup_prefix", (list(t),)) for t in recent]}
+            snapshot = _keyed(calls + [("lookup_prefix", (list(t),)) for t in recent])
         snapshot.update(self._expected)
         self._expected = {}
         return snapshot
@@ -380,6 +377,28 @@ class Observed:
     def _fetch(self, calls: dict) -> dict:
         return dict(zip(calls, self._m.process.call_many(self._m.handle, list(calls.values()), self._limit),
                         strict=True))
+
+
+def _query_method(name: str) -> Any:
+    plain = name != "lookup_prefix"  # a lookup also joins the recent lookups (`Observed._query`)
+
+    def query(self: Observed, *args: Any) -> Any:
+        answers = self._answers
+        if plain and answers is not None and not self._pending and len(args) == 1 and type(args[0]) is not list:
+            key = (name, args)  # `_key`
+            value = answers.get(key, answers)  # the dict itself: not an answer
+            if value is not answers and type(value) is not Reply:  # answered in this state, a plain value
+                if self._asked is not None:
+                    self._asked[key] = key
+                return list(value) if type(value) is list else value  # the caller's own list
+        return self._query(name, args)
+
+    query.__name__ = query.__qualname__ = name
+    return query
+
+
+for _name in QUERIES:  # methods, not looked up through __getattr__ and made anew at each of ~10^5 queries
+    setattr(Observed, _name, _query_method(_name))
 
 
 def run_calls(manager: Any, calls: list[tuple[str, tuple]]) -> list[tuple[bool, Any]]:
@@ -413,12 +432,44 @@ def expect(manager: Any, calls: list[tuple[str, tuple]]) -> None:
         manager.expect(calls)
 
 
+def _sequences(name: str, args: tuple) -> tuple:
+    """The arguments of a change that name sequences: fork's two, another's first (append's second is a token)."""
+    return args[:2] if name == "fork" else args[:1]
+
+
 def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _value(answer: Any) -> Any:
+    """What a call answered (`PluginProcess.call_many`): a plain value as it came, else its `Reply`'s value, or what
+    it raised raised here."""
+    if type(answer) is not Reply:
+        return answer
+    if answer.kind == "raised":
+        raise answer.error
+    if answer.kind != "ok":
+        raise ContractViolation(answer.payload)
+    return answer.value
+
+
+def _keyed(calls: list[tuple[str, tuple]]) -> dict:
+    """{`_key`: call} of each ``(name, args)``: the call itself where it is its key (no list among its arguments;
+    ~10^5 a machine program)."""
+    out = {}
+    for call in calls:
+        args = call[1]
+        plain = type(call) is tuple and len(call) == 2 and (not args or len(args) == 1 and type(args[0]) is not list)
+        out[call if plain else _key(call[0], args)] = call
+    return out
+
+
 def _key(name: str, args: tuple) -> tuple:
-    if not args or len(args) == 1 and type(args[0]) is not list:  # ref_count(b), num_free_blocks(): ~10^5 a program
+    if len(args) == 1:
+        if type(args[0]) is not list:  # ref_count(b): ~10^5 a program
+            return name, args
+        return name, (tuple(args[0]),)  # lookup_prefix(tokens): ~3 10^4
+    if not args:
         return name, args
     return name, tuple(tuple(a) if type(a) is list else a for a in args)
 

@@ -24,6 +24,7 @@ import contextvars
 import ctypes
 import itertools
 import os
+import select
 import shutil
 import signal
 import socket
@@ -89,6 +90,8 @@ class PluginProcess:
         # models sent by value, by `wire.value_key`: named, not sent, the next time (the latest wire.KEPT_MODELS)
         self.sent: collections.OrderedDict = collections.OrderedDict()
         self.early: dict[int, tuple] = {}  # replies that came while the judge waited for another
+        self.poller = select.poll()  # registered once: Connection.poll builds a selector at every call (~4 us)
+        self.poller.register(conn.fileno(), select.POLLIN)
 
     # -- starting --------------------------------------------------------------------------------------------
     @classmethod
@@ -223,53 +226,84 @@ class PluginProcess:
         return reply
 
     def call_many(self, handle: int, calls: list[tuple], timeout_s: float,
-                  then: Callable[[list[Reply]], None] | None = None) -> list[Reply]:
+                  then: Callable[[list], None] | None = None) -> list:
         """Several calls ``(method, args[, kwargs])`` of one object's methods in one message, in order, under one
-        limit (a manager's step and its observables after it), each reply as `call` gives it; inputs copied.
-        Runs of one method over single plain arguments travel as one list, and so do their plain answers.
-        ``then(replies)`` runs before the calls the batch made on the judge's sinks are replayed (a storage that
-        reads the manager's counts as it replays its writes reads them after the batch, from these replies)."""
+        limit (a manager's step and its observables after it); inputs copied.  Each call's answer is a plain value
+        when it returned one (an atom or a list of atoms, checked as such: a state machine's ~10^5 queries make no
+        object each), else its `Reply` as `call` gives it (what it raised, a violation, any other value).  Runs of
+        one method over single plain arguments (an int, a str, a list of atoms) travel as one list, and so do their
+        plain answers.  ``then(answers)`` runs before the calls the batch made on the judge's sinks are replayed (a
+        storage that reads the manager's counts as it replays its writes reads them after the batch, from these
+        answers)."""
         return self.finish_many(self.post_many(handle, calls, timeout_s), then)
 
     def post_many(self, handle: int, calls: list[tuple], timeout_s: float) -> tuple:
         """`call_many`'s message sent; `finish_many` collects its replies (later messages may be sent meanwhile)."""
-        encoder, groups, sizes = wire.Encoder(self.handle_of, None), [], []
-        for method, args, *kwargs in calls:
-            single = not (kwargs and kwargs[0]) and len(args) == 1 and type(args[0]) in (int, str)
-            if single and groups and groups[-1][0] == method and groups[-1][1] == "each":
-                groups[-1][2].append(args[0])
-                sizes[-1] += 1
-            elif single:
-                groups.append((method, "each", [args[0]]))
-                sizes.append(1)
-            else:
-                groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(*kwargs))))
-                sizes.append(1)
+        groups: list[tuple] = []
+        each_method, each_items, encoder = None, [], None  # the last group, when a single argument may join it
+        for call in calls:
+            method, args = call[0], call[1]
+            kwargs = call[2] if len(call) > 2 else None
+            item = None
+            if not kwargs and len(args) == 1:
+                a = args[0]
+                kind = type(a)
+                if kind is int or kind is str:
+                    item = a
+                elif kind is list and wire.atoms(a):  # a lookup's tokens
+                    item = ("L", a)  # as `wire.Encoder` sends it; pickled before this returns
+            elif not kwargs and not args:  # a count
+                groups.append((method, "none"))
+                each_method = None
+                continue
+            if item is not None:
+                if method == each_method:
+                    each_items.append(item)
+                else:
+                    each_method, each_items = method, [item]
+                    groups.append((method, "each", each_items))
+                continue
+            encoder = encoder or wire.Encoder(self.handle_of, None)
+            groups.append((method, "call", encoder.encode(tuple(args)), encoder.encode(dict(kwargs or {}))))
+            each_method = None
+        sizes = [len(g[2]) if g[1] == "each" else 1 for g in groups]
         return self.post(("many", handle, groups, timeout_s)), len(calls), sizes, timeout_s
 
-    def finish_many(self, ticket: tuple, then: Callable[[list[Reply]], None] | None = None) -> list[Reply]:
+    def finish_many(self, ticket: tuple, then: Callable[[list], None] | None = None) -> list:
         rid, count, sizes, timeout_s = ticket
-        replies: list[Reply] = []
+        answers: list = []
 
         def ready(reply: Reply) -> None:
-            replies.extend(r for group in reply.value for r in group) if reply.kind == "many" else None
-            if len(replies) != count or [len(g) for g in reply.value] != sizes:
+            groups = reply.value if reply.kind == "many" else None
+            if type(groups) is not list or len(groups) != len(sizes):
+                raise self.crash("crashed: the implementation's process answered a batch of calls with something else")
+            for group, size in zip(groups, sizes, strict=True):
+                if type(group) is Reply and group.kind == "violation":  # the batch's guard: each call's answer
+                    answers.extend([group] * size)
+                elif len(group) == size:
+                    answers.extend(group)
+                else:
+                    raise self.crash("crashed: the implementation's process answered a batch of calls with something "
+                                     "else")
+            if len(answers) != count:
                 raise self.crash("crashed: the implementation's process answered a batch of calls with something else")
             if then is not None:
-                then(replies)
+                then(answers)
 
         self.wait(rid, timeout_s + GRACE_S, before_sinks=ready)
-        return replies
+        return answers
 
-    def _group(self, entry: Any) -> list[Reply]:
+    def _group(self, entry: Any) -> list | Reply:
+        """A group's answers: the list of plain values as it came (each checked), a violation of the whole batch,
+        or each answer's `Reply`."""
         form, payload = entry
         if form == "atoms":
             values = wire._seq(payload, list)
-            if not all(map(wire.atom_or_atoms, values)):
+            if not wire.atoms_or_lists(values):
                 raise wire.Malformed("a list of atoms holds something else")
-            return [Reply("ok", v) for v in values]
+            return values
         if form == "violation":
-            return [Reply("violation", payload=str(payload)[:4000])]
+            return Reply("violation", payload=str(payload)[:4000])
         return [self._one(e) for e in wire._seq(payload, list)]
 
     def _one(self, entry: Any) -> Reply:
@@ -389,7 +423,7 @@ class PluginProcess:
 
     def receive(self, deadline: float) -> tuple:
         try:
-            while not self.conn.poll(max(0.0, min(1.0, deadline - time.monotonic()))):
+            while not self.poller.poll(max(0.0, min(1000.0, (deadline - time.monotonic()) * 1000.0))):
                 if time.monotonic() >= deadline:
                     self.kill()
                     self.dead = "hung: no reply within the per-call limit; the implementation's process was killed"

@@ -188,58 +188,66 @@ class Server:
         """The caller owns the lists it hands over: one the implementation kept and changed in a later call shows
         here (in-process the caller's own list would have changed).  Remembers this call's lists; '' if none of
         the earlier ones changed."""
-        watched = collections.deque(maxlen=HANDED)
-        for kept, items, where in self.handed:
-            if sys.getrefcount(kept) <= 3:  # this record, the loop, the call: nothing else holds it to change it
-                continue
-            watched.append((kept, items, where))
-            if len(kept) != len(items) or tuple(kept) != items:
-                shown = repr(list(items))[:200], repr(kept)[:200]
-                return (f"the list {shown[0]} handed to {where} became {shown[1]}: the implementation kept the "
-                        "caller's list and changed it (inputs must be left unchanged; copy a list before keeping it)")
-        self.handed = watched
-        self.handed.extend((a, tuple(a), method) for a in args if type(a) is list and len(a) <= HANDED_ITEMS)
+        if self.handed:
+            watched = collections.deque(maxlen=HANDED)
+            for kept, items, where in self.handed:
+                if sys.getrefcount(kept) <= 3:  # this record, the loop, the call: nothing else holds it to change it
+                    continue
+                watched.append((kept, items, where))
+                if len(kept) != len(items) or tuple(kept) != items:
+                    shown = repr(list(items))[:200], repr(kept)[:200]
+                    return (f"the list {shown[0]} handed to {where} became {shown[1]}: the implementation kept the "
+                            "caller's list and changed it (inputs must be left unchanged; copy a list before keeping "
+                            "it)")
+            self.handed = watched
+        for a in args:
+            if type(a) is list and len(a) <= HANDED_ITEMS:
+                self.handed.append((a, tuple(a), method))
         return ""
 
     def many(self, handle: int, groups: list, timeout_s: float) -> list:
         """Several calls of one object's methods, in order, under one alarm.  A group is ``(method, "call", args,
-        kwargs)``, or ``(method, "each", [a, b, ...])``: the method once per single argument; its answer is
-        ``("atoms", [...])`` when every call returned a plain value, else ``("each", [(kind, payload), ...])``."""
+        kwargs)``, ``(method, "none")``: the method once without arguments, or ``(method, "each", [a, b, ...])``: the
+        method once per single argument (an int, a str, or a tree: a lookup's tokens); its answer is ``("atoms",
+        [...])`` when every call returned a plain value, else ``("each", [(kind, payload), ...])``.  A list handed
+        over is watched as a call's are (`hand_over`), and so are the earlier ones after a call of "call" or
+        "none" (as each was a "call" before)."""
         from llm_inference_harness.engine.guard import ContractViolation, guarded_call
 
-        target, encode = self.objects[handle], self.encoder().encode
-
-        def one(call, args, kwargs) -> tuple:
-            try:
-                return "ok", call(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - each call's own answer
-                return "raised", exc
+        target, encode, decode = self.objects[handle], self.encoder().encode, self.decoder.decode
 
         def run() -> list:
             out = []
             for method, form, *rest in groups:
                 call = getattr(target, method, None)
-                if form == "call":
-                    args, kwargs = self.decoder.decode(rest[0]), self.decoder.decode(rest[1])
-                    kind, value = one(call, args, kwargs)
+                answers, plain = [], True
+                if form == "each":  # an int or a str each (`PluginProcess.post_many`): ~10^5 a machine program
+                    for a in rest[0]:
+                        arg = a if type(a) in (int, str) else decode(a)
+                        try:
+                            value = call(arg)
+                        except Exception as exc:  # noqa: BLE001 - each call's own answer
+                            value, plain = _Raised(exc), False
+                        if type(arg) is list:
+                            changed = self.hand_over(method, [arg])
+                            if changed:
+                                value, plain = _Violation(changed), False
+                        answers.append(value)
+                else:
+                    args, kwargs = (decode(rest[0]), decode(rest[1])) if form == "call" else ((), {})
+                    try:
+                        value = call(*args, **kwargs)
+                    except Exception as exc:  # noqa: BLE001 - the call's own answer
+                        value, plain = _Raised(exc), False
                     changed = self.hand_over(method, [*args, *kwargs.values()])
                     if changed:
-                        kind, value = "violation", changed
-                    payload = encode(value) if kind == "ok" else value if kind == "violation" else \
-                        wire.encode_exception(value)
-                    out.append(("each", [(kind, payload)]))
-                    continue
-                answers, raised = [], False
-                for a in rest[0]:  # an int or a str each (`PluginProcess.post_many`): ~10^5 a machine program
-                    try:
-                        answers.append(call(a if type(a) in (int, str) else self.decoder.decode(a)))
-                    except Exception as exc:  # noqa: BLE001 - each call's own answer
-                        answers.append(_Raised(exc))
-                        raised = True
-                if not raised and all(map(wire.atom_or_atoms, answers)):
+                        value, plain = _Violation(changed), False
+                    answers.append(value)
+                if plain and wire.atoms_or_lists(answers):
                     out.append(("atoms", answers))
                 else:
                     out.append(("each", [("raised", wire.encode_exception(v.exc)) if type(v) is _Raised else
+                                         ("violation", v.text) if type(v) is _Violation else
                                          ("ok", encode(v)) for v in answers]))
             return out
 
@@ -304,7 +312,7 @@ class Server:
     def ask(self, spec: wire.RefSpec, method: str, args: tuple, kwargs: dict) -> Any:
         """Call a method of a judge object: recorded if it is a sink, else a request answered by the judge."""
         if spec.sink:  # a storage's writes: ~10^5 in a worked example, plain ints each
-            plain = all(type(a) in wire.PLAIN_ATOMS for a in args)
+            plain = wire.atoms(args)
             self.sink_calls.append((spec.handle, method, ("L", list(args)) if plain else
                                     self.encoder().encode(tuple(args))))
             return None
@@ -331,6 +339,15 @@ class _Raised:
 
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
+
+
+class _Violation:
+    """A call of a batch after which a list handed over earlier had changed (`Server.hand_over`)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
 @contextlib.contextmanager

@@ -37,11 +37,23 @@ DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
     torch.uint8, torch.bool, torch.complex64, torch.complex128)}
 PLAIN_ATOMS = (type(None), bool, int, float, str, bytes)
+_PLAIN = frozenset(PLAIN_ATOMS)
+
+
+def atoms(values: Any) -> bool:
+    """Every item of ``values`` a plain atom (exactly one of `PLAIN_ATOMS`, no subclass): one pass in C, ~2x a
+    generator's speed (token ids, block tables, a batch's answers: ~10^5 a machine program)."""
+    return _PLAIN.issuperset(map(type, values))
 
 
 def atom_or_atoms(value: Any) -> bool:
     """A plain atom, or a list of them (a block table): what a batch of queries answers in one list."""
-    return type(value) in PLAIN_ATOMS or (type(value) is list and all(type(v) in PLAIN_ATOMS for v in value))
+    return type(value) in _PLAIN or (type(value) is list and _PLAIN.issuperset(map(type, value)))
+
+
+def atoms_or_lists(values: list) -> bool:
+    """Every item an `atom_or_atoms`: all atoms checked in one pass first."""
+    return _PLAIN.issuperset(map(type, values)) or all(map(atom_or_atoms, values))
 
 
 class Malformed(Exception):
@@ -162,7 +174,7 @@ class Encoder:
         if kind is tuple or kind is torch.Size:
             return ("t", tuple(self._item(v, path, i) for i, v in enumerate(value)))
         if kind is list:
-            if all(type(v) in PLAIN_ATOMS for v in value):  # token ids, block tables: one pass
+            if atoms(value):  # token ids, block tables: one pass
                 return ("L", value)
             return ("l", [self._item(v, path, i) for i, v in enumerate(value)])
         if kind is dict:
@@ -208,7 +220,7 @@ class Encoder:
         kind = type(value)
         if kind in PLAIN_ATOMS:
             return value
-        if kind is list and all(type(v) in PLAIN_ATOMS for v in value):
+        if kind is list and atoms(value):
             return ("L", value)
         return self.encode(value, f"{path}[{i}]")
 
@@ -335,10 +347,10 @@ class Decoder:
         if tag == "l":
             return [self.decode(v, d) for v in _seq(rest[0], list)]
         if tag == "L":
-            atoms = _seq(rest[0], list)
-            if not all(type(v) in PLAIN_ATOMS for v in atoms):
+            items = _seq(rest[0], list)
+            if not atoms(items):
                 raise Malformed("a list of atoms holds something else")
-            return list(atoms)
+            return list(items)
         if tag == "d":
             return {self.decode(k, d): self.decode(v, d) for k, v in _seq(rest[0], list)}
         if tag == "s":
