@@ -561,27 +561,27 @@ def confirm(prior: Iterable[dict], out: Path, *, profile: str = "thorough", tech
     while True:
         originals_needed: dict[Mutation, set[str]] = {}
         mutants_needed: list[tuple[Mutation, str, str]] = []
-        for m, candidates in todo:
+        for m, text, candidates in todo:
             kind, prop = _next_step(m, candidates, done)
             if kind == "original":
                 originals_needed.setdefault(Mutation(m.subject, ORIGINAL, 0, m.judged), set()).add(prop)
             elif kind == "mutant":
-                mutants_needed.append((m, m.source() or "", prop))
+                mutants_needed.append((m, text, prop))
         if not originals_needed and not mutants_needed:
             return list(done.values())
         if originals_needed:  # first: a property its original fails is no evidence, and it sets the mutant's limit
-            units = {_unit(o, o.source() or "", profile, props, ORIGINAL_LIMIT_S): o
-                     for o, props in originals_needed.items()}
+            needed = [(o, o.source() or "", props, ORIGINAL_LIMIT_S) for o, props in originals_needed.items()]
         else:
-            units = {_unit(m, text, profile, {prop}, limit_factor * _original_seconds(m, prop, done) + 60.0): m
-                     for m, text, prop in mutants_needed}
-        _judge_units(list(units), {u.key: m for u, m in units.items()}, executor, done, path, log)
+            needed = [(m, text, {prop}, limit_factor * _original_seconds(m, prop, done) + 60.0)
+                      for m, text, prop in mutants_needed]
+        _judge_units({_unit(m, text, profile, props, limit): (m, text) for m, text, props, limit in needed}, executor,
+                     done, path, log)
 
 
 def _confirmable(kills: list[tuple[dict, list[str]]], techniques: set[str] | None,
-                 log: Callable[[str], None]) -> list[tuple[Mutation, list[str]]]:
-    """Each earlier kill as a mutation of the file as it is now, with its killers in its file's cover order; one
-    whose file changed since (the mutation now changes another line) is left out, said in the log."""
+                 log: Callable[[str], None]) -> list[tuple[Mutation, str, list[str]]]:
+    """Each earlier kill as a mutation of the file as it is now, with its text and its killers in its file's cover
+    order; one whose file changed since (the mutation now changes another line) is left out, said in the log."""
     kills = [(r, k) for r, k in kills if techniques is None or r["technique"] in techniques]
     by_path = {s.path: s for s in subjects({r["technique"] for r, _ in kills})}
     orders = {key: cover_order(k for r, k in kills if (r["path"], r["impl"]) == key)
@@ -589,12 +589,13 @@ def _confirmable(kills: list[tuple[dict, list[str]]], techniques: set[str] | Non
     todo = []
     for r, killers in kills:
         m = Mutation(by_path[r["path"]], r["operator"], r["occurrence"], (r["technique"], r["impl"]))
-        if {k: changed_line(r["path"], m.source())[k] for k in ("before", "after")} != {
+        text = m.source() or ""
+        if {k: changed_line(r["path"], text)[k] for k in ("before", "after")} != {
                 "before": r["before"], "after": r["after"]}:
             log(f"left out: {m.id} no longer changes `{r['before']}` into `{r['after']}` (its file changed)")
             continue
         order = orders[(r["path"], r["impl"])]
-        todo.append((m, sorted(killers, key=lambda p: (order.index(p) if p in order else len(order), p))))
+        todo.append((m, text, sorted(killers, key=lambda p: (order.index(p) if p in order else len(order), p))))
     return todo
 
 
@@ -633,15 +634,16 @@ def _original_seconds(m: Mutation, prop: str, done: dict) -> float:
         prop == ALL and k.endswith(f"#{ALL}") or any(v["property"] == prop for v in r["verdicts"]))), default=60.0)
 
 
-def _judge_units(units: list[CheckUnit], mutations: dict[str, Mutation], executor: Executor, done: dict, path: Path,
+def _judge_units(units: dict[CheckUnit, tuple[Mutation, str]], executor: Executor, done: dict, path: Path,
                  log: Callable[[str], None]) -> None:
-    """Judge ``units`` (each of ``mutations[unit.key]``), appending each record to ``path`` and ``done``."""
+    """Judge ``units`` (each {unit: (its mutation, its text)}), appending each record to ``path`` and ``done``."""
     broken = failing_originals(done.values())
+    by_key = {u.key: judged for u, judged in units.items()}
     started = time.perf_counter()
-    for k, result in enumerate(executor(units), 1):
-        m = mutations[result.key]
+    for k, result in enumerate(executor(list(units)), 1):
+        m, text = by_key[result.key]
         record = {"id": m.id, "path": m.subject.path, "operator": m.operator, "occurrence": m.occurrence,
-                  "technique": m.judged[0], "impl": m.judged[1], **changed_line(m.subject.path, m.source()),
+                  "technique": m.judged[0], "impl": m.judged[1], **changed_line(m.subject.path, text),
                   **asdict(result)}
         record["outcome"] = outcome(record, broken.get((record["path"], record["impl"]), set()))
         done[result.key] = _append(path, record)
