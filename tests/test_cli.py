@@ -37,6 +37,7 @@ def harness(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
     (["check", "attention", "--property", "no_such_law"], "unknown ['no_such_law']"),
     (["check", "attention", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["mutants", "attentio"], "unknown technique 'attentio'"),
+    (["mutants", "--confirm", "results.jsonl"], "--confirm: expected with --machine-made DIR"),
     (["list", "attentio"], "unknown technique 'attentio'"),
 ])
 def test_usage_errors_exit_2_with_one_line(args, says, capsys):

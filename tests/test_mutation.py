@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from llm_inference_harness.engine import mutation as M
+from llm_inference_harness.engine.inputs import UsageError
 
 QUICK = ("rejects_bad_input", "large_tables")  # about a second a check
 EVICT = "  # evict the least recently used cached block"
@@ -180,3 +181,6 @@ def test_kills_are_confirmed_a_property_at_a_time_in_a_stronger_profile(block_ma
         return iter(())
 
     assert len(M.confirm(prior, tmp_path, profile="ci", executor=nothing_again, log=lambda line: None)) == 6
+    moved = {**record(a, {"p2"}), "before": "if seq.swapped:"}  # recorded before its file changed
+    with pytest.raises(UsageError, match="no longer changes `if seq.swapped:`"):
+        M.confirm([record(original, set()), moved], tmp_path / "moved", profile="ci", executor=nothing_again)

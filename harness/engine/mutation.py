@@ -557,7 +557,7 @@ def confirm(prior: Iterable[dict], out: Path, *, profile: str = "thorough", tech
     path = out / "results.jsonl"
     done = {r["key"]: r for r in read_results(path)}
     executor = executor or (lambda units: run_here(units, jobs=jobs))
-    todo = _confirmable(earlier_kills(prior), set(techniques) if techniques else None, log)
+    todo = _confirmable(earlier_kills(prior), set(techniques) if techniques else None)
     while True:
         originals_needed: dict[Mutation, set[str]] = {}
         mutants_needed: list[tuple[Mutation, str, str]] = []
@@ -578,10 +578,11 @@ def confirm(prior: Iterable[dict], out: Path, *, profile: str = "thorough", tech
                      done, path, log)
 
 
-def _confirmable(kills: list[tuple[dict, list[str]]], techniques: set[str] | None,
-                 log: Callable[[str], None]) -> list[tuple[Mutation, str, list[str]]]:
+def _confirmable(kills: list[tuple[dict, list[str]]],
+                 techniques: set[str] | None) -> list[tuple[Mutation, str, list[str]]]:
     """Each earlier kill as a mutation of the file as it is now, with its text and its killers in its file's cover
-    order; one whose file changed since (the mutation now changes another line) is left out, said in the log."""
+    order.  A UsageError where a file changed since (the mutation now changes another line): that kill cannot be
+    confirmed, and leaving it out would raise the score."""
     kills = [(r, k) for r, k in kills if techniques is None or r["technique"] in techniques]
     by_path = {s.path: s for s in subjects({r["technique"] for r, _ in kills})}
     orders = {key: cover_order(k for r, k in kills if (r["path"], r["impl"]) == key)
@@ -592,8 +593,8 @@ def _confirmable(kills: list[tuple[dict, list[str]]], techniques: set[str] | Non
         text = m.source() or ""
         if {k: changed_line(r["path"], text)[k] for k in ("before", "after")} != {
                 "before": r["before"], "after": r["after"]}:
-            log(f"left out: {m.id} no longer changes `{r['before']}` into `{r['after']}` (its file changed)")
-            continue
+            raise inputs.UsageError(f"--confirm: {m.id} no longer changes `{r['before']}` into `{r['after']}`: "
+                                    f"{r['path']} changed since those results; judge its mutants again first")
         order = orders[(r["path"], r["impl"])]
         todo.append((m, text, sorted(killers, key=lambda p: (order.index(p) if p in order else len(order), p))))
     return todo
