@@ -2,6 +2,7 @@
 properties only (the full run is `harness mutants --machine-made DIR`, hours on 2 cores)."""
 
 import importlib
+import json
 import sys
 
 import pytest
@@ -181,6 +182,10 @@ def test_kills_are_confirmed_a_property_at_a_time_in_a_stronger_profile(block_ma
         return iter(())
 
     assert len(M.confirm(prior, tmp_path, profile="ci", executor=nothing_again, log=lambda line: None)) == 6
+    results = tmp_path / "prior.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in prior))
+    assert M.run_confirm(tmp_path, [results], profile="ci", executor=nothing_again, log=lambda line: None) == 0
+    assert "| block_manager | 3 | 3 | 0 | 0 | 100.0% |" in (tmp_path / "report.md").read_text()
     moved = {**record(a, {"p2"}), "before": "if seq.swapped:"}  # recorded before its file changed
     with pytest.raises(UsageError, match="no longer changes `if seq.swapped:`"):
         M.confirm([record(original, set()), moved], tmp_path / "moved", profile="ci", executor=nothing_again)

@@ -486,8 +486,6 @@ def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40
         log: Callable[[str], None] = print) -> int:
     """Sample (or take an earlier run's ``plan``), judge (resuming what ``out`` holds), judge the survivors on their
     files' other implementations, and write summary.json and report.md; 0 when every technique reaches GOAL."""
-    from llm_inference_harness.engine import provenance
-
     all_subjects = subjects(techniques)
     chosen = planned(plan, all_subjects) if plan else sample(all_subjects, per_stratum, seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -497,18 +495,27 @@ def run(out: Path, *, techniques: list[str] | None = None, per_stratum: int = 40
     started, before = time.perf_counter(), len(read_results(out / "results.jsonl"))
     records = judge(chosen, out, profile=profile, executor=executor, jobs=jobs, log=log)
     records = judge(everywhere(records, all_subjects), out, profile=profile, executor=executor, jobs=jobs, log=log)
-    if (units := len(records) - before) > 0:
+    title = f"the mutants of {plan}" if plan else f"{per_stratum} per folder, seed {seed}"
+    summary = _written(out, records, len(records) - before, started, jobs=jobs, profile=profile,
+                       title=f"Machine-made mutants: {title}, profile {profile}", log=log)
+    return 0 if all(r["score"] is None or r["score"] >= GOAL for r in summary["techniques"].values()) else 1
+
+
+def _written(out: Path, records: list[dict], units: int, started: float, *, jobs: int, profile: str, title: str,
+             log: Callable[[str], None]) -> dict:
+    """A run's line in runs.jsonl (if it judged ``units`` > 0), then its summary.json and report.md; the summary."""
+    from llm_inference_harness.engine import provenance
+
+    if units > 0:
         _append(out / "runs.jsonl", {"seconds": round(time.perf_counter() - started, 1), "units": units,
                                      "jobs": jobs, **provenance.run_info(profile)})
     summary = summarize(records, triage(TRIAGE))
     runs = read_results(out / "runs.jsonl")
     outputs.write_text(out / "summary.json", json.dumps(summary, indent=1))
-    title = f"the mutants of {plan}" if plan else f"{per_stratum} per folder, seed {seed}"
-    text = report(summary, title=f"Machine-made mutants: {title}, profile {profile}",
-                  seconds=sum(r["seconds"] for r in runs), units=sum(r["units"] for r in runs))
+    text = report(summary, title=title, seconds=sum(r["seconds"] for r in runs), units=sum(r["units"] for r in runs))
     outputs.write_text(out / "report.md", text)
     log(text)
-    return 0 if all(r["score"] is None or r["score"] >= GOAL for r in summary["techniques"].values()) else 1
+    return summary
 
 
 # --- the same kills in a stronger profile ------------------------------------------------------------------------
@@ -656,21 +663,11 @@ def run_confirm(out: Path, prior: list[Path], *, techniques: list[str] | None = 
                 jobs: int = 1, executor: Executor | None = None, log: Callable[[str], None] = print) -> int:
     """`confirm` the kills recorded in ``prior`` (results.jsonl files, later ones replacing earlier records of a
     unit), then write summary.json and report.md; 0 when every one of them is killed again."""
-    from llm_inference_harness.engine import provenance
-
     records = [r for p in prior for r in read_results(p)]
     if not records:
         raise inputs.BadFile(prior[0] if prior else out, "holds no results: nothing to confirm")
     started, before = time.perf_counter(), len(read_results(out / "results.jsonl"))
     records = confirm(records, out, profile=profile, techniques=techniques, executor=executor, jobs=jobs, log=log)
-    if (units := len(records) - before) > 0:
-        _append(out / "runs.jsonl", {"seconds": round(time.perf_counter() - started, 1), "units": units,
-                                     "jobs": jobs, **provenance.run_info(profile)})
-    summary = summarize(records, triage(TRIAGE))
-    runs = read_results(out / "runs.jsonl")
-    outputs.write_text(out / "summary.json", json.dumps(summary, indent=1))
-    text = report(summary, title=f"The kills of {', '.join(map(str, prior))} judged again, profile {profile}",
-                  seconds=sum(r["seconds"] for r in runs), units=sum(r["units"] for r in runs))
-    outputs.write_text(out / "report.md", text)
-    log(text)
+    summary = _written(out, records, len(records) - before, started, jobs=jobs, profile=profile,
+                       title=f"The kills of {', '.join(map(str, prior))} judged again, profile {profile}", log=log)
     return 0 if all(row["survived"] == 0 for row in summary["techniques"].values()) else 1
