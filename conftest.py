@@ -18,21 +18,10 @@ if not torch.cuda.is_available():
 import pytest
 from hypothesis import settings
 
-from llm_inference_harness.engine.profiles import register_profiles
-
-
-def _fixed_constants() -> None:
-    """Hypothesis's pool of constants from the local modules imported so far, empty: each xdist worker imports its
-    own set, so a derandomized property drew other examples in each (a mutant killed in one run survived the next).
-    No public setting turns the pool off (Hypothesis 6.170); the constants Hypothesis ships (0, 1, -1, float edges)
-    stay."""
-    from hypothesis.internal.conjecture import providers
-
-    providers._get_local_constants = lambda: providers.Constants()
-
+from llm_inference_harness.engine.profiles import fixed_constants, register_profiles
 
 register_profiles()
-_fixed_constants()
+fixed_constants()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -9,11 +9,12 @@ name them.  `SITUATIONS` are the states where bookkeeping bugs live, counted wit
 """
 
 import functools
+from collections.abc import Callable
 
 from hypothesis import event
 from hypothesis.control import currently_in_test_context
 
-from llm_inference_harness.contracts.block_manager import OutOfBlocks, expect, guarded_batch, open_manager, prefetch
+from llm_inference_harness.contracts.block_manager import OutOfBlocks, ahead, expect, guarded_batch, open_manager
 from llm_inference_harness.engine.guard import names_argument
 from llm_inference_harness.engine.registry import Impl
 from llm_inference_harness.strategies.block_manager import PoolGeometry
@@ -149,8 +150,12 @@ class BlockManagerSteps:
         return mine
 
     def call(self, method, *args):
-        """A call that must succeed, recorded with its storage calls for the replay."""
+        """A call that must succeed, recorded with its storage calls for the replay.  The storage reads the count of
+        each block written (`ShadowStorage`): a manager in the implementation's process brings every block's count
+        of a small pool back with the call (a machine's pools hold at most 12 blocks; ~700 messages a ci run)."""
         start = len(self.storage.trace)
+        if "data" in self.checks and self.g.num_blocks <= 64:
+            expect(self.m, [("ref_count", (b,)) for b in range(self.g.num_blocks)])
         out = getattr(self.m, method)(*args)
         if "bookkeeping" in self.checks:
             kept = tuple(list(a) if isinstance(a, list) else a for a in args)
@@ -162,40 +167,56 @@ class BlockManagerSteps:
         the cache as lookups of the 8 latest distinct earlier prompts see it, the storage calls made so far.
         (The token counts and is_swapped follow the shadow, which such a call leaves alone: the invariants
         check those after the step; the replay at teardown, what the calls after it do.)"""
-        earlier = self.earlier()[-8:]
-        prefetch(self.m, [("block_table", (s,)) for s in self.shadow] + [("ref_count", (b,)) for b in range(
+        return self.observed_ahead()()
+
+    def observed_ahead(self) -> Callable[[], dict]:
+        """`observe` of this state, its answers read when the returned function is called (`ahead`: a manager in
+        the implementation's process sends the queries it does not know yet with the next change)."""
+        tables, earlier, storage_calls = sorted(self.shadow), self.earlier()[-8:], len(self.storage.trace)
+        asked = ahead(self.m, [("block_table", (s,)) for s in tables] + [("ref_count", (b,)) for b in range(
             self.g.num_blocks)] + [("num_free_blocks", ()), ("num_free_cpu_blocks", ())] + [
-            ("lookup_prefix", (list(p),)) for p in earlier])  # one message, in the implementation's process
-        return {
-            "block tables": {s: list(self.m.block_table(s)) for s in sorted(self.shadow)},
-            "reference counts": [self.m.ref_count(b) for b in range(self.g.num_blocks)],
-            "free blocks (GPU, CPU)": (self.m.num_free_blocks(), self.m.num_free_cpu_blocks()),
-            "lookup_prefix of earlier prompts": {p: self.m.lookup_prefix(list(p)) for p in earlier},
-            "storage calls": len(self.storage.trace),
-        }
+            ("lookup_prefix", (list(p),)) for p in earlier])
 
-    def observed_if(self, possible: bool) -> dict | None:
-        return self.observe() if possible and "bookkeeping" in self.checks else None
+        def observation() -> dict:
+            answers = iter(asked.values())
+            return {
+                "block tables": {s: next(answers) for s in tables},
+                "reference counts": [next(answers) for _ in range(self.g.num_blocks)],
+                "free blocks (GPU, CPU)": (next(answers), next(answers)),
+                "lookup_prefix of earlier prompts": {p: next(answers) for p in earlier},
+                "storage calls": storage_calls,
+            }
 
-    def unchanged(self, before: dict, what: str) -> None:
+        return observation
+
+    def observed_if(self, possible: bool) -> Callable[[], dict] | None:
+        """`observed_ahead` where the call about to be made may raise."""
+        return self.observed_ahead() if possible and "bookkeeping" in self.checks else None
+
+    def unchanged(self, observed_before: Callable[[], dict] | None, what: str) -> None:
         self.raised.append(what)
         if "bookkeeping" not in self.checks:
             return
-        after = self.observe()
+        before, after = observed_before(), self.observe()
         diff = [f"{key} {before[key]} -> {after[key]}" for key in before if before[key] != after[key]]
         assert not diff, f"{what} changed the manager: {'; '.join(diff)}"
 
     # ---- steps, with explicit arguments: the rules draw them, pinned programs name them
     def do_allocate(self, tokens, sid=None) -> bool:
+        """Allocate a new sequence.  What the call is checked against is asked of the state before it, answered
+        with the call's own message in the implementation's process (`ahead`): the lookup of the prompt, the
+        lookups that tell whether a block cached under another history lies where its hits end, and, where the
+        pool may run out, the observation the call must leave as it was and the counts of the blocks it may hit."""
         if sid is None:
             self.next_id += 1
             sid = self.next_id
-        free, writes = self.m.num_free_blocks(), self.storage.writes
-        promised = self.m.lookup_prefix(self.hand(tokens))
-        need = -(-len(tokens) // self.B)
-        need = self.most_needed(tokens, promised) if free < need else need
-        before = self.observed_if(free < need)  # only then may it run out
-        trap = self.other_history_cached(tokens, promised)
+        free, writes, most = self.m.num_free_blocks(), self.storage.writes, -(-len(tokens) // self.B)
+        before = self.observed_if(free < most)  # only then may it run out
+        holders = self.holders(tokens) if free < most else []
+        others = self.other_histories(tokens)
+        counted = sorted({b for blocks in holders for b in blocks})
+        asked = ahead(self.m, [("lookup_prefix", (self.hand(tokens),))] + [
+            ("lookup_prefix", (list(other),)) for _, other in others] + [("ref_count", (b,)) for b in counted])
         self.shadow[sid] = list(tokens)
         self.kv.pop(sid, None)
         self.expect_filled(tokens)
@@ -203,11 +224,15 @@ class BlockManagerSteps:
             cached = self.call("allocate", sid, self.hand(tokens))
         except OutOfBlocks:
             del self.shadow[sid]
+            promised, *answers = asked.values()
+            counts = dict(zip(counted, answers[len(others):], strict=True))
+            need = self.most_needed(tokens, holders, promised, counts) if free < most else most
             assert free < need, (f"allocate of {len(tokens)} tokens ({promised} of them cached) raised "
                                  f"OutOfBlocks with {free} blocks free; it needs at most {need}")
             self.situation("OutOfBlocks: allocate")
             self.unchanged(before, f"allocate({sid}, {tokens}) raising OutOfBlocks")
             return False
+        promised, *answers = asked.values()
         assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"allocate reported {cached} cached"
         if "bookkeeping" in self.checks:  # the simulator counts recomputed tokens from these two numbers
             assert cached == promised, f"lookup_prefix promised {promised} tokens, allocate reported {cached}"
@@ -221,25 +246,26 @@ class BlockManagerSteps:
             self.situation("prefix: a cached prefix reused after another was evicted")
         if self.evicted & set(self.kv_ids(sid)[cached + self.B - 1::self.B]):
             self.situation("prefix: an evicted prefix computed again")
-        if trap:
+        hits_end = promised // self.B
+        if any(j == hits_end and found == len(other) for (j, other), found in zip(others, answers[:len(others)],
+                                                                                  strict=True)):
             self.situation("prefix: the next block and the one before it cached under another history")
         self.history.append(list(tokens))
         return True
 
-    def other_history_cached(self, tokens, promised) -> bool:
-        """Whether the full block where ``tokens``' cache hits end (j = promised / B >= 2) is cached under another
-        history: a cached block with the same tokens at depth j and at j - 1, but another prefix before those.  A
-        key over the previous block's tokens, not over its key, would serve that block."""
-        B, j = self.B, promised // self.B
-        if j < 2 or len(tokens) < (j + 1) * B:
-            return False
-        window, before = tokens[(j - 1) * B:(j + 1) * B], tokens[:(j - 1) * B]
+    def other_histories(self, tokens) -> list[tuple[int, list[int]]]:
+        """(j, the tokens up to and including block j of another history) for each full GPU block j >= 2 that
+        holds the same tokens as ``tokens``' block j and the block before it, but follows another prefix.  Where
+        ``tokens``' cache hits end at block j (j = promised / B) and such a block is cached, a key over the
+        previous block's tokens, not over its key, would serve that block."""
+        B, out = self.B, []
         for block in self.storage.gpu:
             other = self.prefixes.tokens(block[-1]) if None not in block else ()
-            if (len(other) == (j + 1) * B and other[(j - 1) * B:] == window and other[:(j - 1) * B] != before
-                    and self.m.lookup_prefix(list(other)) == len(other)):
-                return True
-        return False
+            j = len(other) // B - 1
+            if (j >= 2 and len(tokens) >= (j + 1) * B and other[(j - 1) * B:] == tokens[(j - 1) * B:(j + 1) * B]
+                    and other[:(j - 1) * B] != tokens[:(j - 1) * B]):
+                out.append((j, other))
+        return out
 
     def make_room(self, n: int, keep=()) -> None:
         """Free the oldest resident sequences but ``keep`` until ``n`` blocks are free: a scheduler finishing
@@ -249,15 +275,20 @@ class BlockManagerSteps:
                 return
             self.do_free(sid)
 
-    def most_needed(self, tokens, promised) -> int:
-        """The most free blocks allocating ``tokens`` can take: one per block not cached, plus one per cached
-        block that may be idle (it leaves the free pool).  A cached block holds its prefix's KV, so it is one
-        of the GPU blocks whose storage holds that; when every such block is in use, the hit is too."""
+    def holders(self, tokens) -> list[list[int]]:
+        """For each full block of ``tokens``, the GPU blocks whose storage holds its prefix's KV: a cached block is
+        one of them."""
         B, gpu, ids = self.B, self.storage.gpu, self.prefixes.of(tokens)
-        need = -(-len(tokens) // B) - promised // B
-        for i in range(promised // B):
-            holders = [b for b in range(len(gpu)) if gpu[b] == ids[i * B:(i + 1) * B]]
-            need += not holders or any(self.m.ref_count(b) == 0 for b in holders)
+        return [[b for b in range(len(gpu)) if gpu[b] == ids[i * B:(i + 1) * B]] for i in range(len(tokens) // B)]
+
+    def most_needed(self, tokens, holders, promised, counts) -> int:
+        """The most free blocks allocating ``tokens`` can take: one per block not cached, plus one per cached
+        block that may be idle (it leaves the free pool): when every block holding its KV (``holders``) is in use
+        (``counts``, the reference counts before the call), the hit is too."""
+        need = -(-len(tokens) // self.B) - promised // self.B
+        for i in range(promised // self.B):  # past the full blocks (a lookup promising too much), none holds it
+            blocks = holders[i] if i < len(holders) else []
+            need += not blocks or any(counts[b] == 0 for b in blocks)
         return need
 
     def do_append(self, sid, tokens) -> None:

@@ -221,3 +221,62 @@ def test_a_batch_of_queries_is_judged_call_by_call(tmp_path):
     with pytest.raises(ContractViolation, match=r"the list \[1, 2, 3, 4\] handed to lookup_prefix became"):
         m.lookup_prefix([5, 6, 7, 8])
     m._m.process.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to colocate on")
+def test_batches_run_the_judge_and_the_implementation_on_one_cpu_until_released():
+    """A state machine's batches keep the judge and the implementation's process on one CPU (they take turns);
+    `release_cpus` (a tensor call, the end of a property) gives both every CPU back, and so does closing it."""
+    from llm_inference_harness.contracts.block_manager import NullStorage, open_manager
+    from llm_inference_harness.engine.boundary import release_cpus
+    from llm_inference_harness.engine.runner import Target, open_isolated
+
+    release_cpus()  # a manager an earlier test left open
+    cpus = os.sched_getaffinity(0)
+    impl = open_isolated(Target("block_manager", name="simple"), one_thread=True)
+    m = open_manager(impl, 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
+    process = m._m.process
+    try:
+        m.allocate(1, [1, 2, 3])
+        assert len(os.sched_getaffinity(0)) == 1 and os.sched_getaffinity(process.pid) == os.sched_getaffinity(0)
+        release_cpus()
+        assert os.sched_getaffinity(0) == cpus and os.sched_getaffinity(process.pid) == cpus
+        m.append(1, 4)  # the next batch colocates them again
+        assert len(os.sched_getaffinity(process.pid)) == 1 and m.block_table(1) == [0]
+    finally:
+        process.close()  # gives the CPUs back too
+    assert os.sched_getaffinity(0) == cpus
+
+
+def test_queries_asked_ahead_are_answered_in_the_state_before_the_change():
+    """`ahead`: queries a step reads only after its change has returned travel in front of the change, in its
+    message, and answer as the state before it did; one that raised raises when read.  In-process, the same."""
+    from llm_inference_harness.contracts.block_manager import NullStorage, ahead, open_manager
+    from llm_inference_harness.engine.registry import get
+    from llm_inference_harness.engine.runner import Target, open_isolated
+
+    impl = open_isolated(Target("block_manager", name="simple"), one_thread=True)
+    isolated = open_manager(impl, 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
+    here = open_manager(get("block_manager", "simple"), 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
+    posted = 0
+
+    def counted(message, post=isolated._m.process.post):
+        nonlocal posted
+        posted += 1
+        return post(message)
+
+    isolated._m.process.post = counted
+    try:
+        for m in (isolated, here):
+            m.allocate(1, [1, 2, 3, 4, 5])
+            asked = ahead(m, [("lookup_prefix", ([1, 2, 3, 4, 9],)), ("num_free_blocks", ())])
+            unknown = ahead(m, [("block_table", (2,))])
+            sent = posted
+            assert m.allocate(2, [1, 2, 3, 4, 9]) == 4
+            assert posted == sent + (m is isolated)  # the allocate carried the queries: no message of their own
+            assert asked.values() == [4, 14], asked.values()
+            with pytest.raises(KeyError):
+                unknown.values()
+            assert m.num_free_blocks() == 13 and m.lookup_prefix([1, 2, 3, 4, 9]) == 4
+    finally:
+        isolated._m.process.close()

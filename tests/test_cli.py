@@ -210,3 +210,41 @@ def test_a_mutant_that_cannot_run_here_is_counted_apart(monkeypatch, capsys):
     assert "attention          1 mutants: 1 not run here" in out, out
     assert "0 mutant(s) survived" in out
     assert "1 mutant(s) not run here, lib is not installed here: mutant_needs_lib" in out
+
+
+DRAWS = '''
+import sys
+
+from hypothesis import given, settings, strategies as st
+
+from llm_inference_harness.engine.profiles import load
+
+load("ci")
+if sys.argv[1] == "import":
+    sys.path.insert(0, sys.argv[2])
+    import distinctive_constants  # noqa: F401
+seen = []
+
+
+@settings(max_examples=300)  # the pool is drawn from now and then: enough draws to reach it
+@given(st.integers())
+def draw(x):
+    seen.append(x)
+
+
+draw()
+print(seen)
+'''
+
+
+def test_the_cli_profiles_draw_the_same_examples_whatever_modules_are_imported(tmp_path):
+    """Hypothesis also draws constants from the local modules imported so far; the CLI's profiles (`load`) turn that
+    pool off, so an isolated judge (which imports no implementation) draws what an in-process one does."""
+    (tmp_path / "distinctive_constants.py").write_text("ODD, ODDER = 987654321123, -0.000123456789\n")
+    (tmp_path / "draws.py").write_text(DRAWS)
+
+    def draws(*how):
+        return subprocess.run([sys.executable, str(tmp_path / "draws.py"), *how], capture_output=True, text=True,
+                              check=True).stdout
+
+    assert draws("import", str(tmp_path)) == draws("none")

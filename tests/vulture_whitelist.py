@@ -98,7 +98,7 @@ registered_by  # harness/engine/mutation.py:220
 
 # protocols of other libraries: methods and attributes they call or read (pickle.Unpickler.find_class, tqdm's set_postfix_str, pytest's _getobj, IPython's _repr_pretty_, importlib's create_module, http.server's log_message, options of onnxruntime, bitsandbytes, selenium, Hypothesis and torch)
 _.create_module  # benchmarks/old_layout.py:109
-_._get_local_constants  # conftest.py:31
+_._get_local_constants  # harness/engine/profiles.py fixed_constants
 _.harness_trusted_in_process  # conftest.py:47
 _.set_postfix_str  # harness/engine/progress.py:44
 _._getobj  # harness/engine/pytest_plugin.py:70

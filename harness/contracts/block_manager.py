@@ -214,6 +214,7 @@ SEQ_QUERIES = ("block_table", "is_swapped", "num_tokens")
 DEFERRABLE = ("append", "fork", "free", "swap_out", "swap_in")  # return nothing (the contract)
 IN_FLIGHT = 32  # deferred changes sent and not yet collected, at most (the channel's buffers stay far from full)
 WINDOW = 8  # a snapshot after a change holds the queries asked in the state before it and in this many before that
+PREFETCHED = 4  # a snapshot after a change also holds the queries of this many latest prefetches (`Observed.prefetch`)
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
                      # cache through the lookups of its latest prompts before and after every step)
 
@@ -230,7 +231,8 @@ class Observed:
     change names, and what the caller said it expects (`expect`); a worked example that appends 3,000 tokens and
     asks nothing between them pays for no query of a 320-block pool.  A caller about to ask many queries of one
     state fetches those missing in one message (`prefetch`); calls whose replies it compares only afterwards go
-    in one message (`run_calls`).  The answers are the state's after the change before the storage's recorded
+    in one message (`run_calls`); queries it reads only once its next change has returned go in front of that
+    change, in its message (`ahead`).  The answers are the state's after the change before the storage's recorded
     calls are replayed (a storage reads the counts)."""
 
     def __init__(self, manager: Any, num_blocks: int, limit_s: float) -> None:
@@ -240,9 +242,11 @@ class Observed:
         self._answers: dict | None = None
         self._asked: dict | None = None  # the queries asked in this state, {key: (name, args)}; None before a change
         self._window: collections.deque = collections.deque(maxlen=WINDOW)  # those of the states before it
+        self._prefetched: collections.deque = collections.deque(maxlen=PREFETCHED)  # the latest `prefetch` calls'
         self._expected: dict = {}  # queries the caller will ask after the next change (`expect`)
         self._deferred = False  # inside `deferred`: changes that return nothing are sent without waiting
         self._pending: collections.deque = collections.deque()  # their tickets, oldest first
+        self._ahead: list = []  # (call, its `Ahead`, its index there): asked of this state, sent with the next message
 
     def __getattr__(self, name: str) -> Any:  # the queries are methods of the class (`_query_method`)
         method = getattr(self._m, name)
@@ -251,7 +255,7 @@ class Observed:
 
         def changes(*args: Any, **kwargs: Any) -> Any:
             self._note_change(name, args)
-            if self._deferred and name in DEFERRABLE and not kwargs:
+            if self._deferred and name in DEFERRABLE and not kwargs and not self._ahead:
                 self._next_state({})
                 self._pending.append(self._m.process.post_many(self._m.handle, [(name, args)], self._limit))
                 if len(self._pending) > IN_FLIGHT:
@@ -259,13 +263,15 @@ class Observed:
                 return None
             self._collect()
             snapshot = self._snapshot(name, args)
+            ahead, self._ahead = self._ahead, []
 
             def settle(replies: list) -> None:  # before the storage's calls are replayed: it may ask the counts
-                self._next_state(dict(zip(snapshot, replies[1:], strict=True)))
+                _resolve(ahead, replies)
+                self._next_state(dict(zip(snapshot, replies[len(ahead) + 1:], strict=True)))
 
             self._answers = {}  # a failure to reply leaves no answer of the state before
-            reply = self._m.process.call_many(self._m.handle, [(name, args, kwargs), *snapshot.values()],
-                                              self._limit, then=settle)[0]
+            calls = [*(call for call, _, _ in ahead), (name, args, kwargs), *snapshot.values()]
+            reply = self._m.process.call_many(self._m.handle, calls, self._limit, then=settle)[len(ahead)]
             return _value(reply)
 
         return changes
@@ -273,6 +279,7 @@ class Observed:
     def run_calls(self, calls: list[tuple[str, tuple]]) -> list[tuple[bool, Any]]:
         """`run_calls` for a manager in the implementation's process: the calls in one message, no snapshot."""
         self._collect()
+        self._send_ahead()
         for name, args in calls:
             self._note_change(name, args)
         self._answers = {}  # a failure to reply leaves no answer of the state before
@@ -285,8 +292,13 @@ class Observed:
                 for r in replies]
 
     def prefetch(self, calls: list[tuple[str, tuple]]) -> None:
-        """The answers of these queries in this state, those not known yet in one message."""
-        self._known(_keyed(calls))
+        """The answers of these queries in this state, those not known yet in one message.  They join the snapshots
+        of the changes that follow until `PREFETCHED` later prefetches have replaced them, lookups excepted (as in
+        `_next_state`): a machine's invariants prefetch what they check after every step, and a step may make more
+        changes than `WINDOW` (an append of many tokens)."""
+        wanted = _keyed(calls)
+        self._prefetched.append({key: call for key, call in wanted.items() if key[0] != "lookup_prefix"})
+        self._known(wanted)
 
     def _known(self, wanted: dict) -> None:
         """Every query of ``wanted`` ({key: (name, args)}) answered in this state: the deferred changes collected
@@ -296,7 +308,7 @@ class Observed:
             self._answers = self._fetch({**self._snapshot(), **wanted})
             return
         missing = {key: call for key, call in wanted.items() if key not in self._answers}
-        if missing:
+        if missing or self._ahead:
             self._answers.update(self._fetch(missing))
 
     def _note_change(self, name: str, args: tuple) -> None:
@@ -349,18 +361,18 @@ class Observed:
 
     def _forget(self, seq: Any) -> None:
         self._seqs.pop(seq, None)
-        for asked in (*self._window, self._asked or {}):
+        for asked in (*self._window, *self._prefetched, self._asked or {}):
             for key in [k for k in asked if k[0] in SEQ_QUERIES and k[1] == (seq,)]:
                 del asked[key]
 
     def _snapshot(self, name: str = "", args: tuple = ()) -> dict:
         """{key: (name, args)}: before the first change, everything known (`SNAPSHOT_BLOCKS`); after it, the queries
-        the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones);
-        and those it said it expects (`expect`)."""
+        the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones) and
+        in its `PREFETCHED` latest prefetches; and those it said it expects (`expect`)."""
         if self._asked is not None:
             snapshot = {(q, (a,)): (q, (a,)) for a in _sequences(name, args) if is_int(a)  # a new sequence's
                         for q in SEQ_QUERIES}
-            for asked in self._window:
+            for asked in (*self._prefetched, *self._window):
                 snapshot.update(asked)
             snapshot.update(self._asked)
         else:
@@ -375,8 +387,32 @@ class Observed:
         return snapshot
 
     def _fetch(self, calls: dict) -> dict:
-        return dict(zip(calls, self._m.process.call_many(self._m.handle, list(calls.values()), self._limit),
-                        strict=True))
+        """The answers of ``calls`` ({key: call}) in this state, the queries asked ahead (`ahead`) in front."""
+        ahead, self._ahead = self._ahead, []
+        replies = self._m.process.call_many(self._m.handle, [*(call for call, _, _ in ahead), *calls.values()],
+                                            self._limit)
+        _resolve(ahead, replies)
+        return dict(zip(calls, replies[len(ahead):], strict=True))
+
+    def ahead(self, calls: list[tuple[str, tuple]]) -> Ahead:
+        """These queries answered in this state: those not known yet go in front of the next message, a change's
+        (the answers a step needs only once its change has returned cost no message of their own)."""
+        box = Ahead(len(calls), self._send_ahead)
+        answers = None if self._pending else self._answers
+        for i, call in enumerate(calls):
+            key = _key(*call)
+            if answers is not None and key in answers:
+                box.answers[i] = answers[key]
+            else:
+                self._ahead.append((call, box, i))
+            if self._asked is not None:
+                self._asked[key] = call
+        return box
+
+    def _send_ahead(self) -> None:
+        """The queries asked ahead, answered now (nothing else to send them with)."""
+        if self._ahead:
+            self._known({})
 
 
 def _query_method(name: str) -> Any:
@@ -399,6 +435,44 @@ def _query_method(name: str) -> Any:
 
 for _name in QUERIES:  # methods, not looked up through __getattr__ and made anew at each of ~10^5 queries
     setattr(Observed, _name, _query_method(_name))
+
+
+class Ahead:
+    """The answers of queries asked of one state (`ahead`), read once the step needs them."""
+
+    def __init__(self, n: int, send: Any = None) -> None:
+        self.answers: list = [_UNANSWERED] * n
+        self._send = send  # sends the queries still waiting for a message (`Observed._send_ahead`)
+
+    def values(self) -> list:
+        """Each query's answer (a list the caller's own); what the first one that raised raised is raised here."""
+        if self._send is not None and _UNANSWERED in self.answers:
+            self._send()
+        return [list(v) if type(v) is list else v for v in map(_value, self.answers)]
+
+
+_UNANSWERED = object()
+
+
+def _resolve(ahead: list, replies: list) -> None:
+    for (_, box, i), reply in zip(ahead, replies, strict=False):
+        box.answers[i] = reply
+
+
+def ahead(manager: Any, calls: list[tuple[str, tuple]]) -> Ahead:
+    """The answers of these queries in the manager's state now, for a step that reads them only after its next
+    change has returned: a manager in the implementation's process sends those it does not know yet in front of
+    that change, in its message (an allocate's lookup of its new prompt: ~1,000 messages a ci machine run); another
+    manager answers them now."""
+    if isinstance(manager, Observed):
+        return manager.ahead(calls)
+    box = Ahead(len(calls))
+    for i, (name, args) in enumerate(calls):
+        try:
+            box.answers[i] = getattr(manager, name)(*args)
+        except Exception as exc:  # noqa: BLE001 - the query's own answer, raised when read
+            box.answers[i] = Reply("raised", error=exc)
+    return box
 
 
 def run_calls(manager: Any, calls: list[tuple[str, tuple]]) -> list[tuple[bool, Any]]:

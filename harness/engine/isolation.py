@@ -66,6 +66,7 @@ _channel = None  # the pipe to the parent, in a child; None in the parent or und
 _deadline = None  # shared double: monotonic deadline of the guarded call in progress (0: none)
 _memory_limit = 0  # bytes, in a child: what llm_inference_harness.engine.guard quotes when an allocation fails
 _capture = ""  # in a child: the file its stdout and stderr go to
+_slot: int | None = None  # in a child of several running at once: which one it is (0 .. workers - 1)
 
 
 def send(kind: str, payload: Any = None) -> None:
@@ -117,12 +118,13 @@ def capture_path() -> str:
     return _capture or os.devnull
 
 
-def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None], parent: int) -> None:
-    global _channel, _deadline, _memory_limit, _capture
+def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable[[], None], parent: int,
+                slot: int | None) -> None:
+    global _channel, _deadline, _memory_limit, _capture, _slot
     die_with_parent(parent)  # a killed harness takes its children along (they are in sessions of their own)
     os.setsid()  # its own session and process group: no terminal signals, one group to kill
     output_to(capture_path, truncate=True)
-    _channel, _deadline, _capture = conn, deadline, capture_path
+    _channel, _deadline, _capture, _slot = conn, deadline, capture_path, slot
     if limits.memory_bytes:
         _memory_limit = limits.memory_bytes
         cap_address_space(limits.memory_bytes)
@@ -135,6 +137,15 @@ def _child_main(conn, deadline, capture_path: str, limits: Limits, job: Callable
         send("error", "".join(traceback.format_exception(exc))[-4000:])
     finally:
         conn.close()
+
+
+def slot() -> int | None:
+    """Which of the children running at once this one is (a pytest-xdist worker: its number); None elsewhere (one
+    child at a time, a Ray task: other processes may share the machine)."""
+    if _slot is not None:
+        return _slot
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else None
 
 
 class Stopped(Exception):
@@ -174,16 +185,17 @@ class Outcome:
 
 
 class _Child:
-    def __init__(self, key: Any, job: Callable[[], None], limits: Limits) -> None:
+    def __init__(self, key: Any, job: Callable[[], None], limits: Limits, slot: int | None = None) -> None:
         ctx = multiprocessing.get_context("fork")
-        self.key, self.limits = key, limits
+        self.key, self.limits, self.slot = key, limits, slot
         self.deadline = ctx.Value("d", 0.0, lock=False)
         fd, self.capture = tempfile.mkstemp(prefix="harness-child-", suffix=".log")
         os.close(fd)
         parent_end, child_end = ctx.Pipe(duplex=False)
         self.conn = parent_end
         self.proc = ctx.Process(target=_child_main,
-                                args=(child_end, self.deadline, self.capture, limits, job, os.getpid()), daemon=True)
+                                args=(child_end, self.deadline, self.capture, limits, job, os.getpid(), slot),
+                                daemon=True)
         self.proc.start()
         child_end.close()
         self.started = time.monotonic()
@@ -300,7 +312,8 @@ def run_all(jobs: list[tuple[Any, Callable[[], None]]], *, workers: int, limits:
         while pending or running:
             while pending and len(running) < max(1, workers):
                 key, job = pending.pop(0)
-                running.append(_Child(key, job, limits))
+                slot = min(set(range(len(running) + 1)) - {c.slot for c in running}) if workers > 1 else None
+                running.append(_Child(key, job, limits, slot))
             for child in list(running):
                 if child.poll(on_event):
                     done[child.key] = child.outcome

@@ -4,11 +4,12 @@ Registered by this project's conftest.py for its own pytest runs (``--hypothesis
 before it imports any property, and under ``harness-`` names by the pytest plugin in another project's
 session (which may have profiles of its own called ci or dev).
 
-ci draws the same examples for the same command, but not for every command: Hypothesis (6.131+) also draws, now
-and then, a constant found in the source of the "local" modules imported so far, so one test run alone can draw
-other examples than the whole suite, and each pytest-xdist worker its own.  This project's conftest.py turns that
-pool off for its own suite (a mutant killed in one run survived the next); a failure's printed blob
-(``--reproduce``) replays it exactly either way.
+ci draws the same examples for the same command: Hypothesis (6.131+) also draws, now and then, a constant found in
+the source of the "local" modules imported so far, so one test run alone would draw other examples than the whole
+suite, each pytest-xdist worker its own, and an isolated judge (which imports no implementation) others than the
+in-process one.  `fixed_constants` turns that pool off, for this project's suite (conftest.py) and for the CLI
+(`load`); another project's session running the properties through the pytest plugin keeps its own pool.  A
+failure's printed blob (``--reproduce``) replays it exactly either way.
 """
 
 from hypothesis import HealthCheck, Phase, settings
@@ -32,9 +33,23 @@ def register_profiles(prefix: str = "") -> None:
     )
 
 
+def fixed_constants() -> None:
+    """Hypothesis's pool of constants from the local modules imported so far, empty: each xdist worker imports its
+    own set, so a derandomized property drew other examples in each (a mutant killed in one run survived the next),
+    and so did an isolated judge and an in-process one (a block-manager machine ran 2,364 swap_outs in one, ~570 in
+    the other).  No public setting turns the pool off (Hypothesis 6.170); the constants Hypothesis ships (0, 1, -1,
+    float edges) stay."""
+    from hypothesis.internal.conjecture import providers
+
+    providers._get_local_constants = lambda: providers.Constants()
+
+
 def load(name: str, prefix: str = "") -> None:
+    """Load profile ``name`` (registered under ``prefix``); without a prefix (the CLI), with `fixed_constants`."""
     if name not in PROFILES:
         raise ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {name!r}")
+    if not prefix:
+        fixed_constants()
     register_profiles(prefix)
     from llm_inference_harness.engine.exampledb import from_environment
 

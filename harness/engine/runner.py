@@ -117,6 +117,10 @@ def run_property(prop: Property, impl: Impl, *, profile: str, plugin: str | None
                                f"({_installed(known.library)} installed): {known.what}; this run: {verdict.message}")
             verdict.counterexample = f"{verdict.counterexample}\n\nminimal reproduction:\n{known.reproduce}".strip()
         return verdict
+    finally:
+        from llm_inference_harness.engine.boundary import release_cpus
+
+        release_cpus()  # a state machine's batches kept this process and the implementation's on one CPU
     if known:
         return Verdict(impl.name, prop.name, "stale", seconds=time.perf_counter() - start,
                        message=f"the recorded upstream failure of {known.library} {known.version} no longer reproduces "
