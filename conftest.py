@@ -43,3 +43,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # 7.6 CPU seconds with two threads beside the other worker, 4.5 with one.
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def _hypothesis_profile_kept():
+    """A test that runs a CLI command in this process loads the command's profile (`profiles.load`): the tests after
+    it in the same worker would draw under that profile (after `harness mutants --profile dev`, a derandomized
+    property drew dev's random examples and a mutant survived its declared killer)."""
+    name = settings.get_current_profile_name()
+    yield
+    if settings.get_current_profile_name() != name:
+        settings.load_profile(name)
