@@ -223,16 +223,17 @@ class BlockManagerSteps:
         try:
             cached = self.call("allocate", sid, self.hand(tokens))
         except OutOfBlocks:
+            cached = None
+        promised, *answers = asked.values()
+        found, counts = answers[:len(others)], dict(zip(counted, answers[len(others):], strict=True))
+        if cached is None:
             del self.shadow[sid]
-            promised, *answers = asked.values()
-            counts = dict(zip(counted, answers[len(others):], strict=True))
             need = self.most_needed(tokens, holders, promised, counts) if free < most else most
             assert free < need, (f"allocate of {len(tokens)} tokens ({promised} of them cached) raised "
                                  f"OutOfBlocks with {free} blocks free; it needs at most {need}")
             self.situation("OutOfBlocks: allocate")
             self.unchanged(before, f"allocate({sid}, {tokens}) raising OutOfBlocks")
             return False
-        promised, *answers = asked.values()
         assert cached % self.B == 0 and 0 <= cached <= len(tokens), f"allocate reported {cached} cached"
         if "bookkeeping" in self.checks:  # the simulator counts recomputed tokens from these two numbers
             assert cached == promised, f"lookup_prefix promised {promised} tokens, allocate reported {cached}"
@@ -247,8 +248,7 @@ class BlockManagerSteps:
         if self.evicted & set(self.kv_ids(sid)[cached + self.B - 1::self.B]):
             self.situation("prefix: an evicted prefix computed again")
         hits_end = promised // self.B
-        if any(j == hits_end and found == len(other) for (j, other), found in zip(others, answers[:len(others)],
-                                                                                  strict=True)):
+        if any(j == hits_end and hit == len(other) for (j, other), hit in zip(others, found, strict=True)):
             self.situation("prefix: the next block and the one before it cached under another history")
         self.history.append(list(tokens))
         return True

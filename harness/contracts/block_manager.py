@@ -349,15 +349,20 @@ class Observed:
         if self._pending or answers is None or key not in answers:
             self._known({key: (name, args)})
             answers = self._answers
-        if name == "lookup_prefix" and len(args) == 1 and isinstance(args[0], list | tuple):
-            self._lookups.pop(key[1][0], None)
-            self._lookups[key[1][0]] = None
-        if self._asked is not None:
-            self._asked[key] = (name, args)
+        self._asking(key, (name, args))
         value = answers[key]
         if type(value) is Reply:
             value = _value(value)
         return list(value) if type(value) is list else value  # the caller's own list
+
+    def _asking(self, key: tuple, call: tuple) -> None:
+        """A query asked in this state (`_query`, `ahead`): it joins the snapshots after, and a lookup the recent
+        ones."""
+        if call[0] == "lookup_prefix" and len(call[1]) == 1 and isinstance(call[1][0], list | tuple):
+            self._lookups.pop(key[1][0], None)
+            self._lookups[key[1][0]] = None
+        if self._asked is not None:
+            self._asked[key] = call
 
     def _forget(self, seq: Any) -> None:
         self._seqs.pop(seq, None)
@@ -405,8 +410,7 @@ class Observed:
                 box.answers[i] = answers[key]
             else:
                 self._ahead.append((call, box, i))
-            if self._asked is not None:
-                self._asked[key] = call
+            self._asking(key, call)
         return box
 
     def _send_ahead(self) -> None:
