@@ -101,6 +101,19 @@ def test_the_judge_refuses_malformed_trees(tree, why):
         decoder.decode(tree)
 
 
+@pytest.mark.parametrize("rows, plain", [
+    ([(0, 1, 2, 3), (4, 5, 6, 7)], True),
+    ([], True),
+    ([[0, 1, 2, 3]], False),  # a list row: not what the call server records
+    ([(0, 1), (2, (3,))], False),  # a nested tuple
+    ([(0, 1), (2, {"a": 1})], False),  # a dict, not an atom
+])
+def test_recorded_storage_calls_are_rows_of_atoms_or_refused(rows, plain):
+    """A sink's calls come back as runs of argument tuples (`Server.ask`); the judge replays a run only when every
+    row is a tuple of plain atoms (anything else: a malformed reply)."""
+    assert wire.rows_of_atoms(wire.loads_untrusted(pickle.dumps(rows))) is plain
+
+
 def test_tensors_come_back_as_plain_dense_copies():
     class Sub(torch.Tensor):
         pass
@@ -246,6 +259,41 @@ def test_batches_run_the_judge_and_the_implementation_on_one_cpu_until_released(
     finally:
         process.close()  # gives the CPUs back too
     assert os.sched_getaffinity(0) == cpus
+
+
+def test_deferred_changes_travel_together():
+    """`deferred`: the changes that return nothing go in one message, sent when the next query (or the block's end)
+    needs them answered, and what one of them raised is raised then; in-process, the same answers."""
+    from llm_inference_harness.contracts.block_manager import NullStorage, deferred, open_manager
+    from llm_inference_harness.engine.registry import get
+    from llm_inference_harness.engine.runner import Target, open_isolated
+
+    impl = open_isolated(Target("block_manager", name="simple"), one_thread=True)
+    isolated = open_manager(impl, 16, 4, NullStorage(), timed=False)
+    here = open_manager(get("block_manager", "simple"), 16, 4, NullStorage(), timed=False)
+    posted = 0
+
+    def counted(message, post=isolated._m.process.post):
+        nonlocal posted
+        posted += 1
+        return post(message)
+
+    isolated._m.process.post = counted
+    try:
+        for m in (isolated, here):
+            m.allocate(1, [1, 2, 3])
+            sent = posted
+            with deferred(m):
+                for token in range(10):
+                    m.append(1, token)
+                assert posted == sent  # none sent yet
+                assert m.num_tokens(1) == 13
+            assert posted == sent + 2 * (m is isolated)  # the ten appends in one message, then the query's
+            assert len(m.block_table(1)) == 4
+            with pytest.raises(KeyError), deferred(m):
+                m.append(7, 1)  # no sequence 7
+    finally:
+        isolated._m.process.close()
 
 
 def test_queries_asked_ahead_are_answered_in_the_state_before_the_change():

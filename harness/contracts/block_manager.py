@@ -212,7 +212,9 @@ QUERIES = ("block_table", "is_swapped", "num_tokens", "ref_count", "num_free_blo
 SNAPSHOT_BLOCKS = 4096  # pools up to this size have every block's count in a step's snapshot
 SEQ_QUERIES = ("block_table", "is_swapped", "num_tokens")
 DEFERRABLE = ("append", "fork", "free", "swap_out", "swap_in")  # return nothing (the contract)
-IN_FLIGHT = 32  # deferred changes sent and not yet collected, at most (the channel's buffers stay far from full)
+IN_FLIGHT = 32  # messages of deferred changes sent and not yet collected, at most (the channel's buffers stay far
+                # from full)
+QUEUED = 256  # deferred changes in one message, at most (a worked example's decode loop: ~1,000 appends)
 WINDOW = 8  # a snapshot after a change holds the queries asked in the state before it and in this many before that
 PREFETCHED = 4  # a snapshot after a change also holds the queries of this many latest prefetches (`Observed.prefetch`)
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
@@ -245,7 +247,8 @@ class Observed:
         self._prefetched: collections.deque = collections.deque(maxlen=PREFETCHED)  # the latest `prefetch` calls'
         self._expected: dict = {}  # queries the caller will ask after the next change (`expect`)
         self._deferred = False  # inside `deferred`: changes that return nothing are sent without waiting
-        self._pending: collections.deque = collections.deque()  # their tickets, oldest first
+        self._queued: list = []  # deferred changes not sent yet: they travel together, when anything else is sent
+        self._pending: collections.deque = collections.deque()  # the tickets of those sent, oldest first
         self._ahead: list = []  # (call, its `Ahead`, its index there): asked of this state, sent with the next message
 
     def __getattr__(self, name: str) -> Any:  # the queries are methods of the class (`_query_method`)
@@ -257,22 +260,24 @@ class Observed:
             self._note_change(name, args)
             if self._deferred and name in DEFERRABLE and not kwargs and not self._ahead:
                 self._next_state({})
-                self._pending.append(self._m.process.post_many(self._m.handle, [(name, args)], self._limit))
-                if len(self._pending) > IN_FLIGHT:
-                    self._collect(1)
+                self._queued.append((name, args))
+                if len(self._queued) >= QUEUED:
+                    self._send_queued()
                 return None
-            self._collect()
+            queued = self._unsent()
             snapshot = self._snapshot(name, args)
             ahead, self._ahead = self._ahead, []
+            front = [*queued, *(call for call, _, _ in ahead)]
 
             def settle(replies: list) -> None:  # before the storage's calls are replayed: it may ask the counts
-                _resolve(ahead, replies)
-                self._next_state(dict(zip(snapshot, replies[len(ahead) + 1:], strict=True)))
+                _resolve(ahead, replies[len(queued):])
+                self._next_state(dict(zip(snapshot, replies[len(front) + 1:], strict=True)))
 
             self._answers = {}  # a failure to reply leaves no answer of the state before
-            calls = [*(call for call, _, _ in ahead), (name, args, kwargs), *snapshot.values()]
-            reply = self._m.process.call_many(self._m.handle, calls, self._limit, then=settle)[len(ahead)]
-            return _value(reply)
+            replies = self._m.process.call_many(self._m.handle, [*front, (name, args, kwargs), *snapshot.values()],
+                                                self._limit, then=settle)
+            _raise_first(replies[:len(queued)])
+            return _value(replies[len(front)])
 
         return changes
 
@@ -331,22 +336,43 @@ class Observed:
             self._window.append({k: call for k, call in self._asked.items() if k[0] != "lookup_prefix"})
         self._answers, self._asked = answers, {}
 
-    def _collect(self, n: int | None = None) -> None:
-        """The replies of the oldest ``n`` (default: all) deferred changes, their storage calls replayed in order;
-        the first one that did not return raises here, once every reply is in."""
-        failed = None
-        for _ in range(len(self._pending) if n is None else min(n, len(self._pending))):
-            reply = self._m.process.finish_many(self._pending.popleft())[0]
-            if type(reply) is Reply and reply.kind != "ok" and failed is None:
-                failed = reply
-        if failed is not None:
+    def _send_queued(self) -> None:
+        """The deferred changes not sent yet, in one message, its reply collected later (`_collect`)."""
+        self._pending.append(self._m.process.post_many(self._m.handle, self._queued, self._limit))
+        self._queued = []
+        if len(self._pending) > IN_FLIGHT:
+            self._collect(1)
+
+    def _unsent(self) -> list:
+        """The deferred changes not sent yet, taken to travel in front of the next change (a worked example's free,
+        then its next allocate: one message); those sent are collected first."""
+        queued, self._queued = self._queued, []
+        try:
             self._collect()
-            raise failed.error if failed.kind == "raised" else ContractViolation(failed.payload)
+        except BaseException:
+            self._queued = queued + self._queued  # sent at the block's end
+            raise
+        return queued
+
+    def _collect(self, n: int | None = None) -> None:
+        """The replies of the oldest ``n`` (default: all, those not sent yet sent first) messages of deferred
+        changes, their storage calls replayed in order; the first change that did not return raises here, once
+        every reply is in."""
+        if n is None and self._queued:
+            self._send_queued()
+        replies = []
+        for _ in range(len(self._pending) if n is None else min(n, len(self._pending))):
+            replies += self._m.process.finish_many(self._pending.popleft())
+        try:
+            _raise_first(replies)
+        except BaseException:
+            self._collect()  # every change sent is made: the later ones' replies are in before this raises
+            raise
 
     def _query(self, name: str, args: tuple) -> Any:
         key = (name, args) if len(args) == 1 and type(args[0]) is not list else _key(name, args)
         answers = self._answers
-        if self._pending or answers is None or key not in answers:
+        if self._pending or self._queued or answers is None or key not in answers:
             self._known({key: (name, args)})
             answers = self._answers
         self._asking(key, (name, args))
@@ -403,7 +429,7 @@ class Observed:
         """These queries answered in this state: those not known yet go in front of the next message, a change's
         (the answers a step needs only once its change has returned cost no message of their own)."""
         box = Ahead(len(calls), self._send_ahead)
-        answers = None if self._pending else self._answers
+        answers = None if self._pending or self._queued else self._answers
         for i, call in enumerate(calls):
             key = _key(*call)
             if answers is not None and key in answers:
@@ -456,6 +482,13 @@ class Ahead:
 
 
 _UNANSWERED = object()
+
+
+def _raise_first(replies: list) -> None:
+    """What the first of these changes' replies that is not a return raised (a violation raised as one)."""
+    for reply in replies:
+        if type(reply) is Reply and reply.kind != "ok":
+            raise reply.error if reply.kind == "raised" else ContractViolation(reply.payload)
 
 
 def _resolve(ahead: list, replies: list) -> None:
@@ -555,8 +588,9 @@ def _key(name: str, args: tuple) -> tuple:
 @contextlib.contextmanager
 def deferred(manager: Any) -> Iterator[Any]:
     """Inside the block, a manager in the implementation's process (`open_manager`) is sent the changes that
-    return nothing (`DEFERRABLE`) without waiting for each reply: its next query or other change, or the block's
-    end, collects them, their storage calls replayed then, and raises what the first of them raised.  For callers
+    return nothing (`DEFERRABLE`) together, `QUEUED` at most in a message, without waiting for the reply: its next
+    query or other change, or the block's end, sends those left and collects them, their storage calls replayed
+    then, and raises what the first of them raised.  For callers
     that would let such an exception end them anyway and read no storage inside the block (a worked example's
     decode loop).  In-process, or for another manager, nothing changes."""
     observed = manager._manager if isinstance(manager, TimedManager) else manager

@@ -415,7 +415,13 @@ class PluginProcess:
                     if not getattr(obj, "harness_sink", False) or method.startswith("_"):
                         raise wire.Malformed(f"a recorded call {method!r} on an object that records none")
                     fn = bound[(handle, method)] = getattr(obj, method)
-                fn(*self.decoder.decode(args))
+                if type(args) is not list:  # one call's arguments, encoded
+                    fn(*self.decoder.decode(args))
+                    continue
+                if not wire.rows_of_atoms(args):  # consecutive calls' plain arguments (a storage's writes)
+                    raise wire.Malformed("a recorded call's arguments that are not plain values")
+                for row in args:
+                    fn(*row)
         except (wire.Malformed, KeyError, ValueError, TypeError) as exc:
             raise self.crash(f"crashed: the implementation's process sent a malformed reply ({exc})") from None
         return reply

@@ -312,9 +312,14 @@ class Server:
     def ask(self, spec: wire.RefSpec, method: str, args: tuple, kwargs: dict) -> Any:
         """Call a method of a judge object: recorded if it is a sink, else a request answered by the judge."""
         if spec.sink:  # a storage's writes: ~10^5 in a worked example, plain ints each
-            plain = wire.atoms(args)
-            self.sink_calls.append((spec.handle, method, ("L", list(args)) if plain else
-                                    self.encoder().encode(tuple(args))))
+            if not wire.atoms(args):
+                self.sink_calls.append((spec.handle, method, self.encoder().encode(tuple(args))))
+                return None
+            last = self.sink_calls[-1] if self.sink_calls else None
+            if last is not None and last[0] == spec.handle and last[1] == method and type(last[2]) is list:
+                last[2].append(args)  # a run of one method's calls: their argument tuples in one list
+            else:
+                self.sink_calls.append((spec.handle, method, [args]))
             return None
         encoder = self.encoder()
         rid = next(self.ids)

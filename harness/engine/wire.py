@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import itertools
 import mmap
 import os
 import pickle
@@ -54,6 +55,12 @@ def atom_or_atoms(value: Any) -> bool:
 def atoms_or_lists(values: list) -> bool:
     """Every item an `atom_or_atoms`: all atoms checked in one pass first."""
     return _PLAIN.issuperset(map(type, values)) or all(map(atom_or_atoms, values))
+
+
+def rows_of_atoms(rows: list) -> bool:
+    """Every item of ``rows`` a tuple of plain atoms (no subclass): two passes in C (a worked example's ~10^5
+    storage writes)."""
+    return {tuple}.issuperset(map(type, rows)) and _PLAIN.issuperset(map(type, itertools.chain.from_iterable(rows)))
 
 
 class Malformed(Exception):
