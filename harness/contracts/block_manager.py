@@ -590,9 +590,9 @@ def deferred(manager: Any) -> Iterator[Any]:
     """Inside the block, a manager in the implementation's process (`open_manager`) is sent the changes that
     return nothing (`DEFERRABLE`) together, `QUEUED` at most in a message, without waiting for the reply: its next
     query or other change, or the block's end, sends those left and collects them, their storage calls replayed
-    then, and raises what the first of them raised.  For callers
-    that would let such an exception end them anyway and read no storage inside the block (a worked example's
-    decode loop).  In-process, or for another manager, nothing changes."""
+    then, and raises what the first of them raised.  For callers that would let such an exception end them anyway
+    and read no storage inside the block (a worked example's decode loop).  In-process, or for another manager,
+    nothing changes."""
     observed = manager._manager if isinstance(manager, TimedManager) else manager
     if not isinstance(observed, Observed):
         yield manager
