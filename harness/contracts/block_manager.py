@@ -214,7 +214,8 @@ SEQ_QUERIES = ("block_table", "is_swapped", "num_tokens")
 DEFERRABLE = ("append", "fork", "free", "swap_out", "swap_in")  # return nothing (the contract)
 IN_FLIGHT = 32  # messages of deferred changes sent and not yet collected, at most (the channel's buffers stay far
                 # from full)
-QUEUED = 256  # deferred changes in one message, at most (a worked example's decode loop: ~1,000 appends)
+QUEUED = 32  # deferred changes in one message, at most: they share one per-call limit over there, as a step's
+             # change and its snapshot's queries do (a worked example's decode loop: ~1,000 appends)
 WINDOW = 8  # a snapshot after a change holds the queries asked in the state before it and in this many before that
 PREFETCHED = 4  # a snapshot after a change also holds the queries of this many latest prefetches (`Observed.prefetch`)
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
