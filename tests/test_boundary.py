@@ -1,6 +1,7 @@
 """The boundary between the judge and the implementation's process (harness/engine/): what crosses it, and what
 happens to the implementation's process when the judge goes."""
 
+import contextlib
 import os
 import pickle
 import subprocess
@@ -264,67 +265,61 @@ def test_batches_run_the_judge_and_the_implementation_on_one_cpu_until_released(
 def test_deferred_changes_travel_together():
     """`deferred`: the changes that return nothing go in one message, sent when the next query (or the block's end)
     needs them answered, and what one of them raised is raised then; in-process, the same answers."""
-    from llm_inference_harness.contracts.block_manager import NullStorage, deferred, open_manager
-    from llm_inference_harness.engine.registry import get
-    from llm_inference_harness.engine.runner import Target, open_isolated
+    from llm_inference_harness.contracts.block_manager import deferred
 
-    impl = open_isolated(Target("block_manager", name="simple"), one_thread=True)
-    isolated = open_manager(impl, 16, 4, NullStorage(), timed=False)
-    here = open_manager(get("block_manager", "simple"), 16, 4, NullStorage(), timed=False)
-    posted = 0
-
-    def counted(message, post=isolated._m.process.post):
-        nonlocal posted
-        posted += 1
-        return post(message)
-
-    isolated._m.process.post = counted
-    try:
+    with _simple_both_ways() as (isolated, here, posted):
         for m in (isolated, here):
             m.allocate(1, [1, 2, 3])
-            sent = posted
+            sent = posted()
             with deferred(m):
                 for token in range(10):
                     m.append(1, token)
-                assert posted == sent  # none sent yet
+                assert posted() == sent  # none sent yet
                 assert m.num_tokens(1) == 13
-            assert posted == sent + 2 * (m is isolated)  # the ten appends in one message, then the query's
+            assert posted() == sent + 2 * (m is isolated)  # the ten appends in one message, then the query's
             assert len(m.block_table(1)) == 4
             with pytest.raises(KeyError), deferred(m):
                 m.append(7, 1)  # no sequence 7
-    finally:
-        isolated._m.process.close()
 
 
 def test_queries_asked_ahead_are_answered_in_the_state_before_the_change():
     """`ahead`: queries a step reads only after its change has returned travel in front of the change, in its
     message, and answer as the state before it did; one that raised raises when read.  In-process, the same."""
-    from llm_inference_harness.contracts.block_manager import NullStorage, ahead, open_manager
+    from llm_inference_harness.contracts.block_manager import ahead
+
+    with _simple_both_ways() as (isolated, here, posted):
+        for m in (isolated, here):
+            m.allocate(1, [1, 2, 3, 4, 5])
+            asked = ahead(m, [("lookup_prefix", ([1, 2, 3, 4, 9],)), ("num_free_blocks", ())])
+            unknown = ahead(m, [("block_table", (2,))])
+            sent = posted()
+            assert m.allocate(2, [1, 2, 3, 4, 9]) == 4
+            assert posted() == sent + (m is isolated)  # the allocate carried the queries: no message of their own
+            assert asked.values() == [4, 14], asked.values()
+            with pytest.raises(KeyError):
+                unknown.values()
+            assert m.num_free_blocks() == 13 and m.lookup_prefix([1, 2, 3, 4, 9]) == 4
+
+
+@contextlib.contextmanager
+def _simple_both_ways():
+    """simple's manager (16 blocks of 4, 4 CPU blocks, untimed) in its own process and in this one, and a count of
+    the messages sent to the first."""
+    from llm_inference_harness.contracts.block_manager import NullStorage, open_manager
     from llm_inference_harness.engine.registry import get
     from llm_inference_harness.engine.runner import Target, open_isolated
 
     impl = open_isolated(Target("block_manager", name="simple"), one_thread=True)
     isolated = open_manager(impl, 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
     here = open_manager(get("block_manager", "simple"), 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
-    posted = 0
+    process, posted = isolated._m.process, [0]
 
-    def counted(message, post=isolated._m.process.post):
-        nonlocal posted
-        posted += 1
+    def counted(message, post=process.post):
+        posted[0] += 1
         return post(message)
 
-    isolated._m.process.post = counted
+    process.post = counted
     try:
-        for m in (isolated, here):
-            m.allocate(1, [1, 2, 3, 4, 5])
-            asked = ahead(m, [("lookup_prefix", ([1, 2, 3, 4, 9],)), ("num_free_blocks", ())])
-            unknown = ahead(m, [("block_table", (2,))])
-            sent = posted
-            assert m.allocate(2, [1, 2, 3, 4, 9]) == 4
-            assert posted == sent + (m is isolated)  # the allocate carried the queries: no message of their own
-            assert asked.values() == [4, 14], asked.values()
-            with pytest.raises(KeyError):
-                unknown.values()
-            assert m.num_free_blocks() == 13 and m.lookup_prefix([1, 2, 3, 4, 9]) == 4
+        yield isolated, here, lambda: posted[0]
     finally:
-        isolated._m.process.close()
+        process.close()
