@@ -163,3 +163,10 @@ def speculative_extends_prompt(target, draft, prompt, *, gamma, max_new_tokens, 
     generation = speculative(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos)
     prompt += generation.tokens  # ctx = prompt; ctx += ... on the caller's list
     return generation
+
+
+@declare(dtypes=("float64",))
+def speculative_edits_its_draft(target, draft, prompt, *, gamma, max_new_tokens, rng, eos=None):
+    generation = speculative(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens, rng=rng, eos=eos)
+    draft.table.copy_(draft.table.flip(-1))  # a "tuned" draft written back into the caller's model
+    return generation

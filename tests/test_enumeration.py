@@ -246,3 +246,29 @@ def test_every_rounds_drafts_are_checked_against_the_tokens_left():
         got = exact_distribution(sampler, target, draft, [0], gamma=2, T=3, workers=1, merge=False, budget_rule=rule)
         err, where = max_difference(got.dist, reference)
         assert err <= FLOAT64_IDENTITY, f"{sampler}: P{where} off by {err:.3g}"
+
+
+@pytest.mark.parametrize("caller_froze", [False, True])
+def test_an_enumeration_leaves_the_heap_as_it_found_it(caller_froze):
+    """The enumerator keeps the objects that existed before it out of full collections while it runs (`heap_frozen`):
+    the runs see the heap frozen; afterwards the caller's process is as it was, a freeze of its own included."""
+    import gc
+
+    target, draft = (TableLM(probability_table(4, 1, 0.0, torch.Generator().manual_seed(s))) for s in (0, 1))
+    counts = []
+
+    def counting(*args, **kwargs):
+        counts.append(gc.get_freeze_count())
+        return speculative(*args, **kwargs)
+
+    if caller_froze:
+        gc.freeze()
+    before = gc.get_freeze_count()
+    try:
+        exact_distribution(counting, target, draft, [0], gamma=2, T=2, workers=1)
+        after = gc.get_freeze_count()
+    finally:
+        if caller_froze:
+            gc.unfreeze()
+    assert counts and min(counts) > 0, f"a run saw the heap unfrozen (freeze counts {counts[:8]})"
+    assert after == before, f"the freeze count was {before} before the enumeration and {after} after"

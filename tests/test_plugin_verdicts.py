@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.shared import once
 
@@ -185,6 +186,23 @@ def test_every_technique_reports_a_misbehaving_plugin(technique, tmp_path):
     verdicts = check(technique, [spec], prop, tmp_path)
     assert sorted(verdicts) == [spec], f"verdicts for {sorted(verdicts)}, expected {plugin}'s"
     assert_verdict(verdicts[spec], "FAIL", says, technique, prop, spec)
+
+
+def test_a_sampler_that_edits_its_table_model_is_caught_both_ways(tmp_path):
+    """A table model crosses by value (a copy over there, kept while unchanged: the sampler's calls of it cost no
+    round trip to the judge); a copy edited in place is a changed input, as a module's weights are, and so is the
+    model itself in the judge's own process."""
+    from llm_inference_harness.engine.guard import ContractViolation, guarded_call
+    from llm_inference_harness.sampling.lm import TableLM, TorchRng
+    from tests.misbehaving_plugins import speculative_edits_its_draft
+
+    spec, prop = f"{PLUGINS}:speculative_edits_its_draft", "round_records_add_up"
+    assert_verdict(check("speculative", [spec], prop, tmp_path)[spec], "FAIL", "mutated its input draft.table",
+                   "speculative", prop, spec)
+    target, draft = TableLM(torch.full((3,), 1 / 3, dtype=torch.float64)), TableLM(torch.tensor([0.5, 0.3, 0.2]))
+    with pytest.raises(ContractViolation, match=r"mutated its input draft\.table"):
+        guarded_call(speculative_edits_its_draft, target, draft, [0], gamma=1, max_new_tokens=2, rng=TorchRng(0),
+                     arg_names=("target", "draft", "prompt"))
 
 
 def test_an_entry_point_is_listed_and_judged_but_never_imported_by_the_harness(tmp_path):

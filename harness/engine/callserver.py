@@ -272,13 +272,13 @@ class Server:
             return self.models[key][0]
         obj = pickle.loads(pickled)  # from the judge
         if key is not None:
-            self.models[key] = (obj, path, wire.module_state(obj))
+            self.models[key] = (obj, path, wire.model_state(obj))
         return obj
 
     def models_changed(self) -> str:
         """'' unless a model the judge sent has changed (its weights replaced or written in place)."""
         for obj, path, state in self.models.values():
-            now = wire.module_state(obj)
+            now = wire.model_state(obj)
             if now != state:
                 name = wire.changed_tensor_name(obj, state)
                 return f"mutated its input {path}.{name} (inputs must be left unchanged; a model's weights too)"

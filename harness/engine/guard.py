@@ -481,6 +481,9 @@ def _tensors(found: list[tuple[str, Any]]) -> Iterator[tuple[str, torch.Tensor]]
         elif isinstance(obj, torch.nn.Module):  # its weights and buffers
             for name, t in obj.state_dict(keep_vars=True).items():
                 yield f"{path}.{name}", t.detach()
+        elif hasattr(type(obj), "harness_tensors"):  # another model's tensors (a `TableLM`'s table)
+            for name in type(obj).harness_tensors:
+                yield f"{path}.{name}", getattr(obj, name)
 
 
 def _configs(found: list[tuple[str, Any]]) -> Iterator[tuple[str, torch.nn.Module, str, Any]]:

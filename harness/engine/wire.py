@@ -257,27 +257,40 @@ KEPT_MODELS = 8  # models sent by value that both sides keep (the latest used): 
 
 
 def value_key(value: Any) -> tuple | None:
-    """What says a model is the one sent before, unchanged: its identity and every parameter's and buffer's identity
-    and version (an in-place change bumps a tensor's version).  None: send it every time (a seeded rng, whose state
-    moves with every draw)."""
-    if not isinstance(value, torch.nn.Module):
+    """What says a model is the one sent before, unchanged: its identity and every tensor's identity and version (an
+    in-place change bumps a tensor's version).  None: send it every time (a seeded rng, whose state moves with every
+    draw)."""
+    if not isinstance(value, torch.nn.Module) and not hasattr(type(value), "harness_tensors"):
         return None
-    return (id(value), *module_state(value))
+    return (id(value), *model_state(value))
 
 
-def module_state(module: torch.nn.Module) -> tuple:
-    """The same fingerprint, over there: a decoder that changes its model's weights changes it.  Read from each
-    submodule's own tables, not `state_dict()`, whose hooks and key building cost ~1 ms a call on a tiny model:
-    taken at every call, it was most of a stateful decoder's time across the boundary."""
-    return tuple((id(t), t._version) for m in module.modules() for table in (m._parameters, m._buffers)
+def model_state(model: Any) -> tuple:
+    """The same fingerprint, over there: a decoder that changes its model's weights changes it.  A module's is read
+    from each submodule's own tables, not `state_dict()`, whose hooks and key building cost ~1 ms a call on a tiny
+    model: taken at every call, it was most of a stateful decoder's time across the boundary.  Another model's are
+    the tensors its class names in ``harness_tensors`` (a `TableLM`'s table)."""
+    if not isinstance(model, torch.nn.Module):
+        return tuple(_fingerprint(t) for t in _named_tensors(model).values())
+    return tuple((id(t), t._version) for m in model.modules() for table in (m._parameters, m._buffers)
                  for t in table.values() if t is not None)
 
 
-def changed_tensor_name(module: torch.nn.Module, before: tuple) -> str:
-    """The name of a parameter or buffer of ``module`` whose fingerprint is not in ``before``."""
+def changed_tensor_name(model: Any, before: tuple) -> str:
+    """The name of a tensor of ``model`` whose fingerprint is not in ``before``."""
     known = set(before)
-    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
-    return next((name for name, t in named if (id(t), t._version) not in known), "its parameters")
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)] if (
+        isinstance(model, torch.nn.Module)) else list(_named_tensors(model).items())
+    return next((name for name, t in named if _fingerprint(t) not in known), "its parameters")
+
+
+def _named_tensors(model: Any) -> dict[str, Any]:
+    return {name: getattr(model, name, None) for name in type(model).harness_tensors}
+
+
+def _fingerprint(t: Any) -> tuple:
+    """A tensor's identity and version; whatever replaced a model's tensor has a fingerprint too (another one)."""
+    return id(t), getattr(t, "_version", None)
 
 
 _PACKAGE = __name__.split(".")[0]  # the harness's top-level name: this module is <it>.engine.wire
