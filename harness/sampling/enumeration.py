@@ -200,8 +200,9 @@ def exact_distribution(
 def heap_frozen():
     """Inside the block, full garbage collections leave out the objects that existed before it (`gc.freeze`): an
     enumeration allocates ~10^5 containers that live for a batch (a remote runner's decoded reports), enough to
-    trigger 3-4 full collections, each walking the ~200,000 objects of torch, numpy and Hypothesis (0.3-0.45 s of
-    the 2.5 s goal case, isolated).  Left alone where someone else froze the heap: unfreezing would undo theirs."""
+    trigger 3-4 full collections, each walking the ~200,000 objects of torch, numpy and Hypothesis (the isolated
+    goal case's collections took 0.42-0.57 s, 0.09-0.13 s with the heap frozen).  Left alone where someone else
+    froze the heap: unfreezing would undo theirs."""
     if gc.get_freeze_count():
         yield
         return
