@@ -192,7 +192,7 @@ class PluginProcess:
         it returned is caught here, before the arena is reused.  ``paths``: the call once per path of scripted
         draws, its ``rng`` a replay of that path over there, under one guard (`Server.call`): the reply's value is
         the list of the runs' reports."""
-        from llm_inference_harness.sampling.lm import TableLM, TorchRng
+        from llm_inference_harness.sampling.lm import TorchRng
 
         release_cpus()
         if self.last_inputs is not None:
@@ -202,8 +202,7 @@ class PluginProcess:
                                                   "it left running?): inputs must be left unchanged")
         while True:
             self.arena.reset()
-            encoder = wire.Encoder(self.handle_of, self.arena, by_value=(_module_type(), TorchRng, TableLM),
-                                   sent=self.sent)
+            encoder = wire.Encoder(self.handle_of, self.arena, by_value=(_module_type(), TorchRng), sent=self.sent)
             try:
                 named = {**{(arg_names[i] if i < len(arg_names) else f"argument {i}"): a
                             for i, a in enumerate(args)}, **kwargs}

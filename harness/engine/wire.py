@@ -166,7 +166,8 @@ class Encoder:
 
     def __init__(self, refs, arena: Arena | None = None, by_value: tuple[type, ...] = (), sent: dict | None = None):
         """``sent``: the judge's record of the models already sent (`value_key`); one sent before is named, not
-        sent again."""
+        sent again.  With it, a model that declares its tensors (``harness_tensors``: a `TableLM`) goes by value
+        too, whatever ``by_value`` names."""
         self.refs, self.arena, self.by_value, self.sent = refs, arena, by_value, sent
         self.inputs: list[tuple[str, torch.Tensor, int]] = []
 
@@ -206,7 +207,8 @@ class Encoder:
                 f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
             return ("D", f"{kind.__module__}:{kind.__qualname__}",
                     [(k, self.encode(v, f"{path}.{k}")) for k, v in fields.items()])
-        if self.by_value and isinstance(value, self.by_value):
+        if (self.by_value and isinstance(value, self.by_value)) or (
+                self.sent is not None and hasattr(kind, "harness_tensors")):
             key = value_key(value)
             if key is not None and self.sent is not None and key in self.sent:
                 self.sent.move_to_end(key)

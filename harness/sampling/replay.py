@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from llm_inference_harness.engine.tolerance import PROBABILITY_SUM
-from llm_inference_harness.sampling.lm import LM, TableLM, check_distribution, check_probability
+from llm_inference_harness.sampling.lm import LM, check_distribution, check_probability
 
 
 class ReplayRng:
@@ -499,8 +499,8 @@ class RemoteRunner:
         from llm_inference_harness.engine import wire
 
         self.process, self.session = sampler.process, next(self._sessions)
-        # a table model by value, kept over there (`TableLM`): its rows cost the runs no round trip to the judge
-        encoder = wire.Encoder(self.process.handle_of, None, by_value=(TableLM,), sent=self.process.sent)
+        # a table model by value, kept over there (`wire.Encoder`'s ``sent``): its rows cost the runs no round trip
+        encoder = wire.Encoder(self.process.handle_of, None, sent=self.process.sent)
         self.setup = {"handle": sampler.handle, "target": encoder.encode(target), "draft": encoder.encode(draft),
                       "kwargs": encoder.encode(kwargs), "eos": eos, "merge": merge, "budget_rule": budget_rule}
         self.vocab_size, self.eos = target.vocab_size, eos
