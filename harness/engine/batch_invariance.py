@@ -285,13 +285,15 @@ def sampler_comparisons(impl, spec: SamplerBatch, kinds=BATCH_KINDS) -> Iterator
 
 def sampler_determinism(impl, spec: SamplerBatch) -> Iterator[Comparison]:
     from llm_inference_harness.contracts.speculative import call
+    from llm_inference_harness.engine.boundary import remote_context
     from llm_inference_harness.sampling.lm import TorchRng
 
     case = spec.case
     target, draft = case.models()
 
     def run():
-        with torch.random.fork_rng():  # a sampler drawing from torch's own generator gets the same seed each run
+        # a sampler drawing from torch's own generator gets the same seed each run, here or in its own process
+        with torch.random.fork_rng(), remote_context(torch_seed=spec.seeds[0]):
             torch.manual_seed(spec.seeds[0])
             return sampled(call(impl, target, draft, list(case.prompt), gamma=case.gamma, max_new_tokens=case.T,
                                 rng=TorchRng(spec.seeds[0]), eos=case.eos))
