@@ -83,6 +83,43 @@ class IsolationCost:
     track_isolated_over_in_process.unit = "ratio"
 
 
+class MachineRequests:
+    """The requests a block-manager state machine sends to the implementation's process in the ci profile, each a
+    round trip: what IsolationCost's block_manager ratio is made of (the machines are ~85% of that check; a request
+    costs 70-160 us of the two processes' CPU bare, 2-3x that inside a machine), counted, not timed.  The ci profile
+    is derandomized, so the count repeats exactly where the ratio moves by 1.3-1.7x with load on one commit: a
+    change to the machine or to `Observed` (harness/contracts/block_manager.py) shows here at once."""
+
+    params = [["simple", "vllm_style"], ["machine_bookkeeping", "machine_data"]]
+    param_names = ["implementation", "prop"]
+    timeout = 900
+    number, repeat = 1, 1
+
+    def setup(self, implementation, prop):
+        from llm_inference_harness.engine.profiles import load
+        from llm_inference_harness.engine.runner import Target, open_isolated, properties_of, select
+
+        load("ci")
+        self.prop = select(properties_of("block_manager"), [prop])[0]
+        self.impl = open_isolated(Target("block_manager", name=implementation), one_thread=True)
+        if not hasattr(self.impl.fn.process, "requests"):
+            self.teardown(implementation, prop)
+            raise NotImplementedError("requests are not counted at this commit")
+
+    def teardown(self, implementation, prop):
+        self.impl.fn.process.close()
+
+    def track_requests(self, implementation, prop):
+        from llm_inference_harness.engine.runner import run_property
+
+        verdict = run_property(self.prop, self.impl, profile="ci")
+        if verdict.status != "pass":
+            raise RuntimeError(f"{prop} of {implementation}: {verdict.status}: {verdict.message}")
+        return self.impl.fn.process.requests
+
+    track_requests.unit = "requests"
+
+
 def checked(technique: str, mode: str) -> tuple[float, dict]:
     """(seconds, {(implementation, property): status}) of `harness check TECHNIQUE --jobs 2`, run ``mode``."""
     with tempfile.TemporaryDirectory() as tmp:

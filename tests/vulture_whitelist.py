@@ -14,6 +14,7 @@ AttentionBackward  # benchmarks/bench_attention_backward.py:38
 KernelTflops  # benchmarks/bench_attention_backward.py:79
 CheckPlugin  # benchmarks/bench_check.py:37
 IsolationCost  # benchmarks/bench_check.py:57
+MachineRequests  # benchmarks/bench_check.py:86
 Calibrated  # benchmarks/bench_harness.py:20
 ComparisonPower  # benchmarks/bench_harness.py:39
 BoundaryCall  # benchmarks/bench_harness.py:75

@@ -87,6 +87,7 @@ class PluginProcess:
         self.home = ""  # its home when it runs under a user id of its own
         self.last_inputs: wire.Encoder | None = None
         self.posted: set[int] = set()  # requests sent whose replies have not been collected
+        self.requests = 0  # requests sent, callbacks' replies not counted (benchmarks/bench_check.py, MachineRequests)
         # models sent by value, by `wire.value_key`: named, not sent, the next time (the latest wire.KEPT_MODELS)
         self.sent: collections.OrderedDict = collections.OrderedDict()
         self.early: dict[int, tuple] = {}  # replies that came while the judge waited for another
@@ -358,6 +359,7 @@ class PluginProcess:
         released, self.released = self.released, []
         self.send(("q", rid, released, *message))
         self.posted.add(rid)
+        self.requests += 1
         return rid
 
     def wait(self, rid: int, limit_s: float, before_sinks: Callable[[Reply], None] | None = None) -> Reply:
