@@ -303,8 +303,8 @@ def test_queries_asked_ahead_are_answered_in_the_state_before_the_change():
 
 @contextlib.contextmanager
 def _simple_both_ways():
-    """simple's manager (16 blocks of 4, 4 CPU blocks, untimed) in its own process and in this one, and a count of
-    the messages sent to the first."""
+    """simple's manager (16 blocks of 4, 4 CPU blocks, untimed) in its own process and in this one, and the count of
+    the messages sent to the first (`PluginProcess.requests`)."""
     from llm_inference_harness.contracts.block_manager import NullStorage, open_manager
     from llm_inference_harness.engine.registry import get
     from llm_inference_harness.engine.runner import Target, open_isolated
@@ -312,14 +312,8 @@ def _simple_both_ways():
     impl = open_isolated(Target("block_manager", name="simple"), one_thread=True)
     isolated = open_manager(impl, 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
     here = open_manager(get("block_manager", "simple"), 16, 4, NullStorage(), num_cpu_blocks=4, timed=False)
-    process, posted = isolated._m.process, [0]
-
-    def counted(message, post=process.post):
-        posted[0] += 1
-        return post(message)
-
-    process.post = counted
+    process = isolated._m.process
     try:
-        yield isolated, here, lambda: posted[0]
+        yield isolated, here, lambda: process.requests
     finally:
         process.close()
