@@ -14,7 +14,14 @@ from collections.abc import Callable
 from hypothesis import event
 from hypothesis.control import currently_in_test_context
 
-from llm_inference_harness.contracts.block_manager import OutOfBlocks, ahead, expect, guarded_batch, open_manager
+from llm_inference_harness.contracts.block_manager import (
+    OutOfBlocks,
+    ahead,
+    expect,
+    guarded_batch,
+    open_manager,
+    prefetch,
+)
 from llm_inference_harness.engine.guard import names_argument
 from llm_inference_harness.engine.registry import Impl
 from llm_inference_harness.strategies.block_manager import PoolGeometry
@@ -87,6 +94,10 @@ class BlockManagerSteps:
         self.m = open_manager(self.impl, geometry.num_blocks, self.B, self.storage,
                               num_cpu_blocks=geometry.num_cpu_blocks, timed=False)
         self.storage.ref_count = self.m.ref_count if "data" in self.checks else (lambda block: 0)
+        # every step reads counts (the invariants all of them): asked with every change until the invariants' own
+        # prefetches replace these, so the initialize rule's scheduler iterations find them too
+        prefetch(self.m, [("ref_count", (b,)) for b in range(geometry.num_blocks)] + [("num_free_blocks", ()),
+                                                                                     ("num_free_cpu_blocks", ())])
         self.shadow: dict[int, list[int]] = {}  # live sequence -> its tokens
         self.swapped: list[int] = []  # in swap-out order
         self.preempted: dict[int, list[int]] = {}  # preempted by recompute -> tokens to recompute
@@ -96,6 +107,7 @@ class BlockManagerSteps:
         self.accepted: list[tuple] = []  # (method, args, result, storage calls) of every call that succeeded
         self.raised: list[str] = []  # calls that raised (rejected, or OutOfBlocks), for the replay's message
         self.evicted: set[int] = set()  # prefix ids of cached blocks seen evicted
+        self.unread_evictions: tuple = ([], None)  # prefix ids that may have been evicted, their lookups (`ahead`)
         self.cpu_used: set[int] = set()  # CPU blocks some swap_out has used
         self.swapped_in: set[int] = set()
         self.seen: set[str] = set()  # situations reached: the score `target` raises

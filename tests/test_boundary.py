@@ -199,7 +199,8 @@ def test_a_batch_of_queries_is_judged_call_by_call(tmp_path):
     """`PluginProcess.call_many` sends runs of a query over single arguments as one list (counts, tables, lookups'
     tokens), and plain answers come back as values: what each call did is still its own answer -- a global
     state moved inside a run of ref_counts is every call's violation (as in-process), a lookup's list kept and
-    changed at the next lookup is seen, what a query raised is raised."""
+    changed at the next lookup is seen (in the same run of lookups: charged to the run's last), what a query raised
+    is raised."""
     from llm_inference_harness.contracts.block_manager import NullStorage, open_manager
     from llm_inference_harness.engine.boundary import Reply
     from llm_inference_harness.engine.guard import ContractViolation
@@ -234,6 +235,13 @@ def test_a_batch_of_queries_is_judged_call_by_call(tmp_path):
     m.lookup_prefix([1, 2, 3, 4])
     with pytest.raises(ContractViolation, match=r"the list \[1, 2, 3, 4\] handed to lookup_prefix became"):
         m.lookup_prefix([5, 6, 7, 8])
+    m._m.process.close()
+
+    m = manager(Target("block_manager", plugin=f"{plugin}:KeepsALookupsTokens"))  # kept and changed in one run
+    first, second = m._m.process.call_many(m._m.handle, [("lookup_prefix", ([1, 2, 3, 4],)),
+                                                          ("lookup_prefix", ([5, 6, 7, 8],))], 10.0)
+    assert (first.kind, first.value, second.kind) == ("ok", 0, "violation"), (first, second)
+    assert "the list [1, 2, 3, 4] handed to lookup_prefix became [1, 2, 3, 4, 0]" in second.payload
     m._m.process.close()
 
 

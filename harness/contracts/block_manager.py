@@ -217,6 +217,8 @@ IN_FLIGHT = 32  # messages of deferred changes sent and not yet collected, at mo
 QUEUED = 32  # deferred changes in one message, at most: they share one per-call limit over there, as a step's
              # change and its snapshot's queries do (a worked example's decode loop: ~1,000 appends)
 WINDOW = 8  # a snapshot after a change holds the queries asked in the state before it and in this many before that
+NAMED = 8  # a snapshot after a change holds the queries of this many sequences changes named latest (a machine's
+           # scheduler decodes each running sequence in turn, its rules' invariants ask every live one's)
 PREFETCHED = 4  # a snapshot after a change also holds the queries of this many latest prefetches (`Observed.prefetch`)
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
                      # cache through the lookups of its latest prompts before and after every step)
@@ -230,8 +232,9 @@ class Observed:
     program: one message each would cost more than the manager's own work.  After the first change, a snapshot
     holds the queries the caller asked in the state before and the `WINDOW` states before it (a machine's rules
     ask different ones: a machine_bookkeeping program of the ci profile missed ~16,800 queries with one state,
-    ~3,200 with eight), lookups only from the state before, the table, swap flag and length of a sequence the
-    change names, and what the caller said it expects (`expect`); a worked example that appends 3,000 tokens and
+    ~3,200 with eight), lookups only from the state before, the table, swap flag and length of the `NAMED`
+    sequences changes named latest since a prefetch asked them (one the manager does not know is dropped), and
+    what the caller said it expects (`expect`); a worked example that appends 3,000 tokens and
     asks nothing between them pays for no query of a 320-block pool.  A caller about to ask many queries of one
     state fetches those missing in one message (`prefetch`); calls whose replies it compares only afterwards go
     in one message (`run_calls`); queries it reads only once its next change has returned go in front of that
@@ -241,6 +244,7 @@ class Observed:
     def __init__(self, manager: Any, num_blocks: int, limit_s: float) -> None:
         self._m, self._blocks, self._limit = manager, num_blocks, limit_s
         self._seqs: dict = {}  # seq ids the caller named, in order
+        self._named: dict = {}  # the latest `NAMED` of those named by a change since a prefetch asked their queries
         self._lookups: dict = {}  # token lists the caller looked up, the latest last
         self._answers: dict | None = None
         self._asked: dict | None = None  # the queries asked in this state, {key: (name, args)}; None before a change
@@ -266,7 +270,7 @@ class Observed:
                     self._send_queued()
                 return None
             queued = self._unsent()
-            snapshot = self._snapshot(name, args)
+            snapshot = self._snapshot()
             ahead, self._ahead = self._ahead, []
             front = [*queued, *(call for call, _, _ in ahead)]
 
@@ -304,6 +308,8 @@ class Observed:
         changes than `WINDOW` (an append of many tokens)."""
         wanted = _keyed(calls)
         self._prefetched.append({key: call for key, call in wanted.items() if key[0] != "lookup_prefix"})
+        for seq in [s for s in self._named if all((q, (s,)) in wanted for q in SEQ_QUERIES)]:
+            del self._named[seq]
         self._known(wanted)
 
     def _known(self, wanted: dict) -> None:
@@ -322,6 +328,10 @@ class Observed:
         for a in _sequences(name, args):
             if is_int(a):
                 self._seqs.setdefault(a)
+                self._named.pop(a, None)
+                self._named[a] = None
+                if len(self._named) > NAMED:
+                    del self._named[next(iter(self._named))]
         if name == "free" and args:
             self._forget(args[0])  # its queries will raise: asked one by one, if ever
 
@@ -336,6 +346,8 @@ class Observed:
         if self._asked is not None:
             self._window.append({k: call for k, call in self._asked.items() if k[0] != "lookup_prefix"})
         self._answers, self._asked = answers, {}
+        for seq in [s for s in self._named if type(answers.get(("num_tokens", (s,)))) is Reply] if answers else ():
+            del self._named[seq]  # unknown to the manager (an allocate that raised): not asked again
 
     def _send_queued(self) -> None:
         """The deferred changes not sent yet, in one message, its reply collected later (`_collect`)."""
@@ -393,17 +405,17 @@ class Observed:
 
     def _forget(self, seq: Any) -> None:
         self._seqs.pop(seq, None)
+        self._named.pop(seq, None)
         for asked in (*self._window, *self._prefetched, self._asked or {}):
             for key in [k for k in asked if k[0] in SEQ_QUERIES and k[1] == (seq,)]:
                 del asked[key]
 
-    def _snapshot(self, name: str = "", args: tuple = ()) -> dict:
+    def _snapshot(self) -> dict:
         """{key: (name, args)}: before the first change, everything known (`SNAPSHOT_BLOCKS`); after it, the queries
         the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones) and
         in its `PREFETCHED` latest prefetches; and those it said it expects (`expect`)."""
         if self._asked is not None:
-            snapshot = {(q, (a,)): (q, (a,)) for a in _sequences(name, args) if is_int(a)  # a new sequence's
-                        for q in SEQ_QUERIES}
+            snapshot = {(q, (a,)): (q, (a,)) for a in self._named for q in SEQ_QUERIES}
             for asked in (*self._prefetched, *self._window):
                 snapshot.update(asked)
             snapshot.update(self._asked)

@@ -188,6 +188,18 @@ class Server:
         """The caller owns the lists it hands over: one the implementation kept and changed in a later call shows
         here (in-process the caller's own list would have changed).  Remembers this call's lists; '' if none of
         the earlier ones changed."""
+        changed = self.handed_changed()
+        if not changed:
+            self.remember(method, args)
+        return changed
+
+    def remember(self, method: str, args: list) -> None:
+        for a in args:
+            if type(a) is list and len(a) <= HANDED_ITEMS:
+                self.handed.append((a, tuple(a), method))
+
+    def handed_changed(self) -> str:
+        """'' unless a list handed over earlier and kept by the implementation has changed since."""
         if self.handed:
             watched = collections.deque(maxlen=HANDED)
             for kept, items, where in self.handed:
@@ -200,9 +212,6 @@ class Server:
                             "caller's list and changed it (inputs must be left unchanged; copy a list before keeping "
                             "it)")
             self.handed = watched
-        for a in args:
-            if type(a) is list and len(a) <= HANDED_ITEMS:
-                self.handed.append((a, tuple(a), method))
         return ""
 
     def many(self, handle: int, groups: list, timeout_s: float) -> list:
@@ -211,7 +220,7 @@ class Server:
         method once per single argument (an int, a str, or a tree: a lookup's tokens); its answer is ``("atoms",
         [...])`` when every call returned a plain value, else ``("each", [(kind, payload), ...])``.  A list handed
         over is watched as a call's are (`hand_over`), and so are the earlier ones after a call of "call" or
-        "none" (as each was a "call" before)."""
+        "none" (as each was a "call" before) and after a run of "each" (a change is charged to its last call)."""
         from llm_inference_harness.engine.guard import ContractViolation, guarded_call
 
         target, encode, decode = self.objects[handle], self.encoder().encode, self.decoder.decode
@@ -222,17 +231,20 @@ class Server:
                 call = getattr(target, method, None)
                 answers, plain = [], True
                 if form == "each":  # an int or a str each (`PluginProcess.post_many`): ~10^5 a machine program
+                    handed = False
                     for a in rest[0]:
                         arg = a if type(a) in (int, str) else decode(a)
                         try:
                             value = call(arg)
                         except Exception as exc:  # noqa: BLE001 - each call's own answer
                             value, plain = _Raised(exc), False
-                        if type(arg) is list:
-                            changed = self.hand_over(method, [arg])
-                            if changed:
-                                value, plain = _Violation(changed), False
+                        if type(arg) is list:  # a lookup's tokens: watched from here, checked once the run is done
+                            self.remember(method, [arg])
+                            handed = True
                         answers.append(value)
+                    changed = handed and self.handed_changed()
+                    if changed:  # charged to the run's last call (a list an earlier call kept, changed since)
+                        answers[-1], plain = _Violation(changed), False
                 else:
                     args, kwargs = (decode(rest[0]), decode(rest[1])) if form == "call" else ((), {})
                     try:
