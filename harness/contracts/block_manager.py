@@ -346,8 +346,9 @@ class Observed:
         if self._asked is not None:
             self._window.append({k: call for k, call in self._asked.items() if k[0] != "lookup_prefix"})
         self._answers, self._asked = answers, {}
-        for seq in [s for s in self._named if type(answers.get(("num_tokens", (s,)))) is Reply] if answers else ():
-            del self._named[seq]  # unknown to the manager (an allocate that raised): not asked again
+        if answers:  # a sequence whose length the manager did not answer (an allocate that raised) is not asked again
+            for seq in [s for s in self._named if type(answers.get(("num_tokens", (s,)))) is Reply]:
+                del self._named[seq]
 
     def _send_queued(self) -> None:
         """The deferred changes not sent yet, in one message, its reply collected later (`_collect`)."""
