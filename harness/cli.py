@@ -168,7 +168,8 @@ def _common(p: argparse.ArgumentParser, json: bool = True) -> None:
     p.add_argument("--profile", default="ci", choices=profiles.PROFILES, help="Hypothesis profile (default ci)")
     if json:
         p.add_argument("--json", metavar="FILE", help="also write the verdicts as JSON ('-': to stdout)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="implementations checked at once")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="checking processes at once (check: an implementation's properties may be shared among them)")
     p.add_argument("-v", "--verbose", action="store_true", help="a line per finished (implementation, property) and "
                    "per mutant, every skip's property and reason, and (run) each technique's matrix")
     p.add_argument("--trusted-in-process", action="store_true",
@@ -222,7 +223,7 @@ def _profile(args: argparse.Namespace) -> None:
 def _valid_counts(args: argparse.Namespace) -> None:
     jobs = getattr(args, "jobs", None)
     if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs {jobs}: expected a whole number >= 1 (implementations checked at once)")
+        raise UsageError(f"--jobs {jobs}: expected a whole number >= 1 (checking processes at once)")
 
 
 def _valid_names(args: argparse.Namespace) -> None:

@@ -309,6 +309,26 @@ def test_queries_asked_ahead_are_answered_in_the_state_before_the_change():
             assert m.num_free_blocks() == 13 and m.lookup_prefix([1, 2, 3, 4, 9]) == 4
 
 
+def test_a_sequence_a_change_did_not_make_drops_out_of_the_snapshots_alone():
+    """The queries of the sequences changes named ride with the next changes' replies; one whose allocate raised
+    (its queries raise: unknown) drops out, the others stay, though their answers came in one group with its (a
+    snapshot's queries travel grouped by method).  In-process, the same answers."""
+    from llm_inference_harness.contracts.block_manager import OutOfBlocks
+
+    with _simple_both_ways() as (isolated, here, posted):
+        for m in (isolated, here):
+            m.allocate(1, list(range(20)))
+            m.allocate(2, list(range(100, 120)))
+            with pytest.raises(OutOfBlocks):
+                m.allocate(3, list(range(200, 240)))  # 10 blocks, 6 free
+            m.append(1, 7)
+            sent = posted()
+            assert (m.num_tokens(2), m.is_swapped(2), len(m.block_table(2))) == (20, False, 5)
+            assert posted() == sent  # in the append's reply
+            with pytest.raises(KeyError):
+                m.num_tokens(3)
+
+
 @contextlib.contextmanager
 def _simple_both_ways():
     """simple's manager (16 blocks of 4, 4 CPU blocks, untimed) in its own process and in this one, and the count of

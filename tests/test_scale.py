@@ -153,3 +153,39 @@ def test_mutants_in_two_shards_merged_are_the_unsharded_run(tmp_path):
     whole, merged = (json.loads((tmp_path / f"{n}.json").read_text())["techniques"][0] for n in ("whole", "merged"))
     assert _verdicts(merged) == _verdicts(whole) and merged["implementations"] == whole["implementations"]
     assert codes == {"whole": 0, "shard1": 0, "shard2": 0}
+
+
+@given(count=st.integers(1, 12), targets=st.integers(1, 20), jobs=st.integers(1, 8))
+def test_a_check_cuts_its_properties_into_parts_each_property_once(count, targets, jobs):
+    """`runner._parts`: every property in exactly one part, the first (a technique's state machines, the costliest)
+    in different parts; about two parts per worker in all, none with one worker."""
+    from llm_inference_harness.engine.runner import _parts
+
+    names = [f"prop{i}" for i in range(count)]
+    parts = _parts(names, targets, jobs)
+    assert sorted(n for part in parts for n in part) == sorted(names) and all(parts)
+    assert [part[0] for part in parts] == names[:len(parts)]
+    assert len(parts) == (1 if jobs == 1 else min(count, -(-2 * jobs // targets)))
+
+
+def test_one_implementation_checked_by_two_processes_gets_its_verdicts_in_order():
+    """With two workers an implementation's properties are shared among children of its own (both cores busy on one
+    plugin); its verdicts come back once each, in the technique's order, as with one worker."""
+    from llm_inference_harness.engine.runner import Progress, check
+
+    class Loads(Progress):
+        count = 0
+
+        def loaded(self, target, info):
+            Loads.count += 1
+
+    props = ["large_tables", "parallel_sampling_saves_70_percent", "shared_prompt_copy_on_write",
+             "waste_per_request_is_half_a_block", "rejects_bad_input"]
+    found = {}
+    for jobs in (1, 2):
+        Loads.count = 0
+        [result] = check("block_manager", [Target("block_manager", name="simple")], profile="ci", properties=props,
+                         jobs=jobs, progress=Loads())
+        found[jobs] = [(v.property, v.status) for v in result.verdicts], Loads.count
+    assert found[1] == ([(p, "pass") for p in props], 1)
+    assert found[2] == (found[1][0], 4)  # four children, one part each

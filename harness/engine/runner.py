@@ -7,9 +7,10 @@ property may declare when it applies with `@applies(...)`; an implementation it 
 whose declared devices are all absent here, or that lacks a capability -- gets a skip verdict carrying the
 reason.
 
-`check` and `kill_mutants` run each implementation in its own child process (harness/engine/isolation.py): a
-plugin is imported there, never in the caller, and whatever it does -- raise, hang, exit, crash, print,
-exhaust memory -- becomes a verdict while the others go on.  Progress reaches the caller through a callback.
+`check` and `kill_mutants` run each implementation in child processes of its own (harness/engine/isolation.py; `check`
+with several workers shares an implementation's properties among a few, `_parts`): a plugin is imported there,
+never in the caller, and whatever it does -- raise, hang, exit, crash, print, exhaust memory -- becomes a verdict
+while the others go on.  Progress reaches the caller through a callback.
 """
 
 from __future__ import annotations
@@ -260,15 +261,16 @@ class Progress:
 def check(technique: str, targets: list[Target], *, profile: str, properties: list[str] | None = None,
           jobs: int = 1, progress: Progress | None = None, blob: str | None = None,
           limits: isolation.Limits | None = None, shrink: bool = True) -> list[ImplResult]:
-    """Every selected property of ``technique`` against each target, each target in its own child
+    """Every selected property of ``technique`` against each target, each part of its properties (`_parts`) in a child
     (``shrink=False``: each failure's first example, as found)."""
     props = select(properties_of(technique), properties)
     names = [p.name for p in props]
 
-    def job(target: Target) -> Callable[[], None]:
-        return lambda: _check_in_child(target, names, profile, blob, shrink, one_thread=jobs > 1)
+    def job(target: Target, part: list[str]) -> Callable[[], None]:
+        return lambda: _check_in_child(target, part, profile, blob, shrink, one_thread=jobs > 1)
 
-    return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
+    return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile,
+                parts=_parts(names, len(targets), jobs))
 
 
 def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progress | None = None,
@@ -283,10 +285,10 @@ def kill_mutants(technique: str, *, profile: str, jobs: int = 1, progress: Progr
                if names is None or m.name in names]
     names = [p.name for p in properties_of(technique)]
 
-    def job(target: Target) -> Callable[[], None]:
-        return lambda: _mutant_in_child(target, names, profile, all_properties, one_thread=jobs > 1)
+    def job(target: Target, part: list[str]) -> Callable[[], None]:
+        return lambda: _mutant_in_child(target, part, profile, all_properties, one_thread=jobs > 1)
 
-    return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile)
+    return _run(technique, targets, names, jobs, progress or Progress(), limits, job, profile, parts=[names])
 
 
 # Set (to "1") by `--trusted-in-process` and `--harness-trusted-in-process`: the implementation runs in the judge's
@@ -305,10 +307,21 @@ def import_limit_s() -> float:
     return environment.value("HARNESS_IMPORT_LIMIT_S")
 
 
-def _run(technique, targets, names, jobs, progress, limits, job, profile) -> list[ImplResult]:
+def _parts(names: list[str], targets: int, jobs: int) -> list[list[str]]:
+    """The properties cut into parts, each part of each implementation checked in a child of its own, so that
+    ``jobs`` children keep busy until the end: about two parts per worker in all (one plugin and two cores: two
+    parts per core).  A part takes every k-th property, the costliest (a technique's state machines come first)
+    spread over the parts; block_manager's two implementations, whole, ended 0.5 s apart.  An implementation that
+    hangs or crashes stops its part's later properties, not the other parts' (each has its own limits)."""
+    k = max(1, min(len(names), -(-2 * jobs // max(1, targets)))) if jobs > 1 else 1
+    return [names[i::k] for i in range(k)]
+
+
+def _run(technique, targets, names, jobs, progress, limits, job, profile, parts) -> list[ImplResult]:
     results = {t: ImplResult(t) for t in targets}
 
-    def on_event(target: Target, kind: str, payload) -> None:
+    def on_event(key: tuple[Target, int], kind: str, payload) -> None:
+        target = key[0]
         result = results[target]
         if kind == "impl":
             result.info = payload
@@ -327,15 +340,17 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile) -> lis
                 raise UsageError(f"--plugin {target.plugin}: {payload['exception']}")
 
     limits = limits or isolation.Limits(start_s=import_limit_s() + 10)  # the judge's own wait on the import ends first
-    outcomes = isolation.run_all([(t, job(t)) for t in targets], workers=jobs, limits=limits, on_event=on_event,
-                                 on_tick=progress.tick)
-    for target, outcome in outcomes.items():
+    children = [((t, i), job(t, part)) for i, part in enumerate(parts) for t in targets]  # the costliest parts first
+    outcomes = isolation.run_all(children, workers=jobs, limits=limits, on_event=on_event, on_tick=progress.tick)
+    for (target, i), outcome in sorted(outcomes.items(), key=lambda item: item[0][1]):  # parts in order
         result = results[target]
-        result.stopped = outcome.stopped
+        result.stopped = result.stopped or outcome.stopped
         if outcome.stopped:
-            for verdict in _unfinished(result, names, outcome, profile):
+            for verdict in _unfinished(result, parts[i], outcome, profile):
                 result.verdicts.append(verdict)
                 progress.finished(target, verdict)
+    for result in results.values():
+        result.verdicts.sort(key=lambda v: names.index(v.property) if v.property in names else len(names))
     return [results[t] for t in targets]
 
 
@@ -352,7 +367,8 @@ def _unfinished(result: ImplResult, names: list[str], outcome: isolation.Outcome
         if name in done:
             continue
         current = name in running or (not running and not verdicts)
-        if failure:
+        if failure:  # said once: an earlier part of the same implementation said it already
+            current = current and not result.verdicts
             message = str(LoadFailure(**failure)) if current else "not run: the plugin could not be loaded"
         else:
             message = outcome.stopped + (f" ({where})" if where else "") if current else (
