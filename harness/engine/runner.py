@@ -349,8 +349,9 @@ def _run(technique, targets, names, jobs, progress, limits, job, profile, parts)
             for verdict in _unfinished(result, parts[i], outcome, profile):
                 result.verdicts.append(verdict)
                 progress.finished(target, verdict)
+    order = {name: i for i, name in enumerate(names)}
     for result in results.values():
-        result.verdicts.sort(key=lambda v: names.index(v.property) if v.property in names else len(names))
+        result.verdicts.sort(key=lambda v: order.get(v.property, len(names)))
     return [results[t] for t in targets]
 
 
