@@ -86,7 +86,7 @@ class IsolationCost:
 class MachineRequests:
     """The requests a block-manager state machine sends to the implementation's process in the ci profile, each a
     round trip: what IsolationCost's block_manager ratio is made of (the machines are ~85% of that check), counted,
-    not timed.  A request costs ~54 us bare plus its answers' (~27 a request, 2-10 us each), so a count that falls
+    not timed.  A request costs ~54 us bare plus its answers' (~22 a request, 2-10 us each), so a count that falls
     says fewer round trips, not by itself less time (README, trust model).  The ci profile is derandomized, so the
     count repeats exactly where the ratio moves by 1.3-1.7x with load on one commit: a change to the machine or to
     `Observed` (harness/contracts/block_manager.py) shows here at once."""

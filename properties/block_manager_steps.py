@@ -107,6 +107,8 @@ class BlockManagerSteps:
         self.accepted: list[tuple] = []  # (method, args, result, storage calls) of every call that succeeded
         self.raised: list[str] = []  # calls that raised (rejected, or OutOfBlocks), for the replay's message
         self.evicted: set[int] = set()  # prefix ids of cached blocks seen evicted
+        self.unread_flags: tuple = ([], None)  # (sid, swapped, tokens) of each live sequence, is_swapped and
+                                               # num_tokens asked of the state after the latest step (`ahead`)
         self.unread_evictions: tuple = ([], None)  # prefix ids that may have been evicted, their lookups (`ahead`)
         self.cpu_used: set[int] = set()  # CPU blocks some swap_out has used
         self.swapped_in: set[int] = set()

@@ -217,7 +217,7 @@ IN_FLIGHT = 32  # messages of deferred changes sent and not yet collected, at mo
 QUEUED = 32  # deferred changes in one message, at most: they share one per-call limit over there, as a step's
              # change and its snapshot's queries do (a worked example's decode loop: ~1,000 appends)
 WINDOW = 8  # a snapshot after a change holds the queries asked in the state before it and in this many before that
-NAMED = 8  # a snapshot after a change holds the queries of this many sequences changes named latest (a machine's
+NAMED = 8  # a snapshot after a change holds the tables of this many sequences changes named latest (a machine's
            # scheduler decodes each running sequence in turn, its rules' invariants ask every live one's)
 PREFETCHED = 4  # a snapshot after a change also holds the queries of this many latest prefetches (`Observed.prefetch`)
 RECENT_LOOKUPS = 16  # a snapshot also looks up the token lists looked up most recently (a machine observes the
@@ -232,19 +232,18 @@ class Observed:
     program: one message each would cost more than the manager's own work.  After the first change, a snapshot
     holds the queries the caller asked in the state before and the `WINDOW` states before it (a machine's rules
     ask different ones: a machine_bookkeeping program of the ci profile missed ~16,800 queries with one state,
-    ~3,200 with eight), lookups only from the state before, the table, swap flag and length of the `NAMED`
-    sequences changes named latest since a prefetch asked them (one the manager does not know is dropped), and
-    what the caller said it expects (`expect`); a worked example that appends 3,000 tokens and
-    asks nothing between them pays for no query of a 320-block pool.  A caller about to ask many queries of one
-    state fetches those missing in one message (`prefetch`); calls whose replies it compares only afterwards go
-    in one message (`run_calls`); queries it reads only once its next change has returned go in front of that
-    change, in its message (`ahead`).  The answers are the state's after the change before the storage's recorded
-    calls are replayed (a storage reads the counts)."""
+    ~3,200 with eight), lookups only from the state before, the tables of the `NAMED` sequences changes named
+    latest since a prefetch asked them (one the manager does not know is dropped), and what the caller said it
+    expects (`expect`); a worked example that appends 3,000 tokens and asks nothing between them pays for no query
+    of a 320-block pool.  A caller about to ask many queries of one state fetches those missing in one message
+    (`prefetch`); calls whose replies it compares only afterwards go in one message (`run_calls`); queries it reads
+    only once its next change has returned go in front of that change, in its message (`ahead`).  The answers are
+    the state's after the change before the storage's recorded calls are replayed (a storage reads the counts)."""
 
     def __init__(self, manager: Any, num_blocks: int, limit_s: float) -> None:
         self._m, self._blocks, self._limit = manager, num_blocks, limit_s
         self._seqs: dict = {}  # seq ids the caller named, in order
-        self._named: dict = {}  # the latest `NAMED` of those named by a change since a prefetch asked their queries
+        self._named: dict = {}  # the latest `NAMED` of those named by a change since a prefetch asked their tables
         self._lookups: dict = {}  # token lists the caller looked up, the latest last
         self._answers: dict | None = None
         self._asked: dict | None = None  # the queries asked in this state, {key: (name, args)}; None before a change
@@ -308,7 +307,7 @@ class Observed:
         changes than `WINDOW` (an append of many tokens)."""
         wanted = _keyed(calls)
         self._prefetched.append({key: call for key, call in wanted.items() if key[0] != "lookup_prefix"})
-        for seq in [s for s in self._named if all((q, (s,)) in wanted for q in SEQ_QUERIES)]:
+        for seq in [s for s in self._named if ("block_table", (s,)) in wanted]:
             del self._named[seq]
         self._known(wanted)
 
@@ -346,9 +345,9 @@ class Observed:
         if self._asked is not None:
             self._window.append({k: call for k, call in self._asked.items() if k[0] != "lookup_prefix"})
         self._answers, self._asked = answers, {}
-        if answers:  # a sequence whose length query raised (an allocate that raised) is not asked again; an answer
+        if answers:  # a sequence whose table query raised (an allocate that raised) is not asked again; an answer
             # is a `Reply` "ok" too where another call of its group raised (`PluginProcess.call_many`)
-            for seq in [s for s in self._named if _failed(answers.get(("num_tokens", (s,))))]:
+            for seq in [s for s in self._named if _failed(answers.get(("block_table", (s,))))]:
                 del self._named[seq]
 
     def _send_queued(self) -> None:
@@ -417,7 +416,7 @@ class Observed:
         the caller asked in this state and the `WINDOW` states before it (a machine's rules ask different ones) and
         in its `PREFETCHED` latest prefetches; and those it said it expects (`expect`)."""
         if self._asked is not None:
-            snapshot = {(q, (a,)): (q, (a,)) for a in self._named for q in SEQ_QUERIES}
+            snapshot = {("block_table", (a,)): ("block_table", (a,)) for a in self._named}
             for asked in (*self._prefetched, *self._window):
                 snapshot.update(asked)
             snapshot.update(self._asked)
@@ -441,9 +440,10 @@ class Observed:
         _resolve(ahead, replies)
         return dict(zip(calls, replies[len(ahead):], strict=True))
 
-    def ahead(self, calls: list[tuple[str, tuple]]) -> Ahead:
+    def ahead(self, calls: list[tuple[str, tuple]], once: bool = False) -> Ahead:
         """These queries answered in this state: those not known yet go in front of the next message, a change's
-        (the answers a step needs only once its change has returned cost no message of their own)."""
+        (the answers a step needs only once its change has returned cost no message of their own); ``once``: they
+        join no snapshot after (`ahead`)."""
         box = Ahead(len(calls), self._send_ahead)
         answers = None if self._pending or self._queued else self._answers
         for i, call in enumerate(calls):
@@ -452,7 +452,8 @@ class Observed:
                 box.answers[i] = answers[key]
             else:
                 self._ahead.append((call, box, i))
-            self._asking(key, call)
+            if not once:
+                self._asking(key, call)
         return box
 
     def _send_ahead(self) -> None:
@@ -525,13 +526,16 @@ def _resolve(ahead: list, replies: list) -> None:
         box.answers[i] = reply
 
 
-def ahead(manager: Any, calls: list[tuple[str, tuple]]) -> Ahead:
+def ahead(manager: Any, calls: list[tuple[str, tuple]], *, once: bool = False) -> Ahead:
     """The answers of these queries in the manager's state now, for a step that reads them only after its next
     change has returned: a manager in the implementation's process sends those it does not know yet in front of
     that change, in its message (an allocate's lookup of its new prompt: ~1,000 messages a ci machine run); another
-    manager answers them now."""
+    manager answers them now.  ``once``: the caller will not ask them of a later state, so they do not join the
+    snapshots of the changes after it as queries asked of a state do (a machine's checks read a step late: its
+    invariant's swap flags and lengths came back with every change's snapshot in case the step ended there, and
+    34,300 of 44,300 never were read in a ci run of simple's machine_bookkeeping)."""
     if isinstance(manager, Observed):
-        return manager.ahead(calls)
+        return manager.ahead(calls, once)
     box = Ahead(len(calls))
     for i, (name, args) in enumerate(calls):
         try:

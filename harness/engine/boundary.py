@@ -255,8 +255,8 @@ class PluginProcess:
                 kind = type(a)
                 if kind is int or kind is str:
                     item = a
-                elif kind is list and wire.atoms(a):  # a lookup's tokens
-                    item = ("L", a)  # as `wire.Encoder` sends it; pickled before this returns
+                elif kind is list and wire.atoms(a):  # a lookup's tokens, pickled before this returns
+                    item = a
             elif not kwargs and not args:  # a count
                 groups.append((method, "none"))
                 each_method = None

@@ -217,10 +217,11 @@ class Server:
     def many(self, handle: int, groups: list, timeout_s: float) -> list:
         """Several calls of one object's methods, in order, under one alarm.  A group is ``(method, "call", args,
         kwargs)``, ``(method, "none")``: the method once without arguments, or ``(method, "each", [a, b, ...])``: the
-        method once per single argument (an int, a str, or a tree: a lookup's tokens); its answer is ``("atoms",
-        [...])`` when every call returned a plain value, else ``("each", [(kind, payload), ...])``.  A list handed
-        over is watched as a call's are (`hand_over`), and so are the earlier ones after a call of "call" or
-        "none" (as each was a "call" before) and after a run of "each" (a change is charged to its last call)."""
+        method once per single argument (an int, a str, or a list of atoms: a lookup's tokens); its answer is
+        ``("atoms", [...])`` when every call returned a plain value, else ``("each", [(kind, payload), ...])``.  A
+        list handed over is watched as a call's are (`hand_over`) where the implementation kept it, and so are the
+        earlier ones after a call of "call" or "none" (as each was a "call" before) and after a run of "each" (a
+        change is charged to its last call)."""
         from llm_inference_harness.engine.guard import ContractViolation, guarded_call
 
         target, encode, decode = self.objects[handle], self.encoder().encode, self.decoder.decode
@@ -230,16 +231,19 @@ class Server:
             for method, form, *rest in groups:
                 call = getattr(target, method, None)
                 answers, plain = [], True
-                if form == "each":  # an int or a str each (`PluginProcess.post_many`): ~10^5 a machine program
-                    handed = False
+                if form == "each":  # an int, a str or a list of atoms each (`PluginProcess.post_many`): ~10^5 a
+                    handed = False  # machine program
                     for a in rest[0]:
-                        arg = a if type(a) in (int, str) else decode(a)
+                        kind = type(a)
+                        arg = list(a) if kind is list else a  # a copy each: pickle sends a list twice as one list
+                        held = sys.getrefcount(arg)
                         try:
                             value = call(arg)
                         except Exception as exc:  # noqa: BLE001 - each call's own answer
                             value, plain = _Raised(exc), False
-                        if type(arg) is list:  # a lookup's tokens: watched from here, checked once the run is done
-                            self.remember(method, [arg])
+                        if kind is list:  # a lookup's tokens: checked once the run is done, watched from here if kept
+                            if sys.getrefcount(arg) > held:  # the implementation holds it (or returned it)
+                                self.remember(method, [arg])
                             handed = True
                         answers.append(value)
                     changed = handed and self.handed_changed()
