@@ -2,9 +2,10 @@
 (contract: harness/contracts/block_manager.py).
 
 Two sets of laws, so that each mutant is killed for the reason it declares: ``bookkeeping`` (pool conservation,
-reference counts = block-table entries, block tables and token lists the caller owns, the accepted calls replayed
-on a fresh manager making the same storage calls, a whole pool after freeing everything) and ``data`` (what each
-sequence reads through its block table is the KV of its own prefix, no write into a block whose count exceeds one).
+reference counts = block-table entries, each live sequence's swap flag and length -- read a step late, with the next
+step's first message --, block tables and token lists the caller owns, the accepted calls replayed on a fresh
+manager making the same storage calls, a whole pool after freeing everything) and ``data`` (what each sequence reads
+through its block table is the KV of its own prefix, no write into a block whose count exceeds one).
 """
 
 from hypothesis import strategies as st
