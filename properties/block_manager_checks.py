@@ -39,7 +39,7 @@ class BlockManagerChecks:
         self.check_flags_and_lengths()
         prefetch(self.m, [("block_table", (sid,)) for sid in self.shadow] + [("ref_count", (b,)) for b in
                  range(n)] + [("num_free_blocks", ()), ("num_free_cpu_blocks", ())])  # one message, in its process
-        self.ask_flags_and_lengths()  # after the prefetch: asked ahead, they would go with it
+        self.ask_flags_and_lengths()  # after the prefetch, which would otherwise send them in a message of its own
         entries = [0] * n
         tables = {sid: self.table(sid) for sid in self.shadow}
         for sid, tokens in self.shadow.items():

@@ -234,14 +234,15 @@ class Server:
                 if form == "each":  # an int, a str or a list of atoms each (`PluginProcess.post_many`): ~10^5 a
                     handed = False  # machine program
                     for a in rest[0]:
-                        kind = type(a)
-                        arg = list(a) if kind is list else a  # a copy each: pickle sends a list twice as one list
-                        held = sys.getrefcount(arg)
+                        kind, arg = type(a), a
+                        if kind is list:  # a lookup's tokens: a copy each (pickle sends a list twice as one list)
+                            arg = list(a)
+                            held = sys.getrefcount(arg)
                         try:
                             value = call(arg)
                         except Exception as exc:  # noqa: BLE001 - each call's own answer
                             value, plain = _Raised(exc), False
-                        if kind is list:  # a lookup's tokens: checked once the run is done, watched from here if kept
+                        if kind is list:  # checked once the run is done, watched from here if kept
                             if sys.getrefcount(arg) > held:  # the implementation holds it (or returned it)
                                 self.remember(method, [arg])
                             handed = True
