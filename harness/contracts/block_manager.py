@@ -504,7 +504,7 @@ _UNANSWERED = object()
 def _raise_first(replies: list) -> None:
     """What the first of these changes' replies that is not a return raised (a violation raised as one)."""
     for reply in replies:
-        if type(reply) is Reply and reply.kind != "ok":
+        if _failed(reply):
             raise reply.error if reply.kind == "raised" else ContractViolation(reply.payload)
 
 
